@@ -1,0 +1,237 @@
+"""Cut a request's prompt into KV blocks and give each block a cache key.
+
+Keying modes:
+- ``prefix``: a block's key chains its parent's key (vLLM: hash(parent_hash, tokens, extras)),
+  so a block is found only after exactly the same prefix. Blocks are cut at fixed multiples of
+  ``block_size`` over the whole prompt.
+- ``segment``: each reusable segment (see ``Segment.is_reusable``) is cut from its own start and
+  its chain restarts from a fixed root, so the same document is found after a different system
+  prompt (position-independent reuse). Non-reusable segments continue the previous chain.
+
+A tenant salt (vLLM ``cache_salt``) enters the root of every chain, which isolates tenants.
+
+Keys are Python ints from tuple hashes of ints, which CPython computes deterministically
+(no hash randomisation for ints), so runs are reproducible across processes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from skv.model import TYPE_INDEX, Request, Segment, SemanticType
+
+ROOT_SEED = 0x5EED_5EED_5EED
+_MASK64 = (1 << 64) - 1
+
+
+class KeyingMode(StrEnum):
+    PREFIX = "prefix"
+    SEGMENT = "segment"
+
+
+@dataclass(slots=True)
+class RequestBlocks:
+    """The hot-loop view of one request: parallel per-block lists of plain ints.
+
+    ``parents[i]`` is the key of the block before ``i`` in its chain, or ``None`` when block ``i``
+    starts a chain (a lookup run restarts there). ``seg_tokens[i]`` is the size of the segment
+    the block belongs to (a cost signal for size-aware policies).
+    """
+
+    index: int
+    arrival_s: float
+    keys: list[int]
+    parents: list[int | None]
+    tokens: list[int]
+    stypes: list[int]
+    seg_tokens: list[int]
+    session: str | None
+    turn: int
+    templated: bool
+    block_size: int
+    prompt_tokens: int = 0
+    #: per block, the index of the next request that uses the same key (offline policies only)
+    next_use: list[int] | None = None
+
+    def __post_init__(self) -> None:
+        self.prompt_tokens = sum(self.tokens)
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.keys)
+
+
+def _root(tenant_salt: str | None) -> int:
+    if tenant_salt is None:
+        return ROOT_SEED
+    return hash((ROOT_SEED, _int_id(tenant_salt))) & _MASK64
+
+
+def _int_id(text: str) -> int:
+    """A deterministic int from a string (str hashes are randomised per process)."""
+    from skv.model import content_hash
+
+    return int(content_hash(text), 16)
+
+
+def _segment_int_ids(segments: list[Segment]) -> list[int]:
+    out = []
+    for seg in segments:
+        if seg.content_hash is None:
+            raise ValueError(
+                f"segment of type {seg.stype} has no content_hash; cannot key it by content"
+            )
+        out.append(int(seg.content_hash, 16))
+    return out
+
+
+def request_blocks(
+    request: Request,
+    block_size: int,
+    mode: KeyingMode | str = KeyingMode.PREFIX,
+    *,
+    index: int = 0,
+    salt_by_tenant: bool = False,
+) -> RequestBlocks:
+    """Turn a request into blocks with keys; see the module docstring for the keying rules."""
+    mode = KeyingMode(mode)
+    salt = request.tenant_id if salt_by_tenant else None
+    if request.hash_ids is not None:
+        keys, parents, tokens, stypes, seg_tokens = _hash_id_blocks(request, block_size, mode, salt)
+        block_size = request.hash_block_size or block_size
+    elif mode is KeyingMode.PREFIX:
+        keys, parents, tokens, stypes, seg_tokens = _prefix_blocks(request, block_size, salt)
+    else:
+        keys, parents, tokens, stypes, seg_tokens = _segment_blocks(request, block_size, salt)
+    return RequestBlocks(
+        index=index,
+        arrival_s=request.arrival_s,
+        keys=keys,
+        parents=parents,
+        tokens=tokens,
+        stypes=stypes,
+        seg_tokens=seg_tokens,
+        session=request.session_id,
+        turn=request.turn or 0,
+        templated=request.templated,
+        block_size=block_size,
+    )
+
+
+def _prefix_blocks(request: Request, block_size: int, salt: str | None):
+    """Fixed block boundaries over the whole prompt; key = hash(parent, content pieces)."""
+    segs = request.segments
+    ids = _segment_int_ids(segs)
+    keys: list[int] = []
+    parents: list[int | None] = []
+    tokens: list[int] = []
+    stypes: list[int] = []
+    seg_tokens: list[int] = []
+    parent: int | None = None
+    prev = _root(salt)
+    pieces: list[tuple[int, int, int]] = []
+    fill = 0
+    first_seg: Segment | None = None
+    for seg, sid in zip(segs, ids, strict=True):
+        off = 0
+        while off < seg.num_tokens:
+            take = min(block_size - fill, seg.num_tokens - off)
+            if fill == 0:
+                first_seg = seg
+            pieces.append((sid, off, off + take))
+            off += take
+            fill += take
+            if fill == block_size:
+                key = hash((prev, tuple(pieces))) & _MASK64
+                keys.append(key)
+                parents.append(parent)
+                tokens.append(fill)
+                assert first_seg is not None
+                stypes.append(TYPE_INDEX[first_seg.stype])
+                seg_tokens.append(first_seg.num_tokens)
+                parent = prev = key
+                pieces = []
+                fill = 0
+    if fill:
+        assert first_seg is not None
+        key = hash((prev, tuple(pieces))) & _MASK64
+        keys.append(key)
+        parents.append(parent)
+        tokens.append(fill)
+        stypes.append(TYPE_INDEX[first_seg.stype])
+        seg_tokens.append(first_seg.num_tokens)
+    return keys, parents, tokens, stypes, seg_tokens
+
+
+def _segment_blocks(request: Request, block_size: int, salt: str | None):
+    """Segment-aligned blocks; reusable segments restart the chain from the (salted) root."""
+    root = _root(salt)
+    keys: list[int] = []
+    parents: list[int | None] = []
+    tokens: list[int] = []
+    stypes: list[int] = []
+    seg_tokens: list[int] = []
+    prev: int | None = None
+    for seg, sid in zip(request.segments, _segment_int_ids(request.segments), strict=True):
+        restart = prev is None or seg.is_reusable()
+        parent: int | None = None if restart else prev
+        chain = root if restart else prev
+        st = TYPE_INDEX[seg.stype]
+        for off in range(0, seg.num_tokens, block_size):
+            n = min(block_size, seg.num_tokens - off)
+            key = hash((chain, sid, off, n)) & _MASK64
+            keys.append(key)
+            parents.append(parent)
+            tokens.append(n)
+            stypes.append(st)
+            seg_tokens.append(seg.num_tokens)
+            parent = chain = key
+        prev = chain if seg.num_tokens else prev
+    return keys, parents, tokens, stypes, seg_tokens
+
+
+def _hash_id_blocks(request: Request, block_size: int, mode: KeyingMode, salt: str | None):
+    """Blocks straight from a trace's hash ids; a block takes the type of its first token."""
+    bs = request.hash_block_size or block_size
+    if request.hash_block_size and block_size and block_size != request.hash_block_size:
+        raise ValueError(
+            f"request {request.request_id}: trace blocks are {request.hash_block_size} tokens; "
+            f"block_size={block_size} cannot re-cut hash ids (use the trace's block size)"
+        )
+    hids = request.hash_ids or []
+    prompt = request.prompt_tokens
+    root = _root(salt)
+    # token offset where each segment starts, to type each block by its first token
+    bounds: list[tuple[int, Segment]] = []
+    acc = 0
+    for seg in request.segments:
+        bounds.append((acc, seg))
+        acc += seg.num_tokens
+    keys: list[int] = []
+    parents: list[int | None] = []
+    tokens: list[int] = []
+    stypes: list[int] = []
+    seg_tokens: list[int] = []
+    prev_key: int | None = None
+    si = 0
+    prev_seg: Segment | None = None
+    for i, hid in enumerate(hids):
+        start = i * bs
+        while si + 1 < len(bounds) and bounds[si + 1][0] <= start:
+            si += 1
+        seg = bounds[si][1] if bounds else Segment(SemanticType.UNKNOWN, prompt)
+        restart = prev_key is None or (
+            mode is KeyingMode.SEGMENT and seg is not prev_seg and seg.is_reusable()
+        )
+        chain = root if restart else prev_key
+        key = hash((chain, hid)) & _MASK64
+        keys.append(key)
+        parents.append(None if restart else prev_key)
+        n = bs if i < len(hids) - 1 else max(1, min(bs, prompt - bs * (len(hids) - 1)))
+        tokens.append(n)
+        stypes.append(TYPE_INDEX[seg.stype])
+        seg_tokens.append(seg.num_tokens)
+        prev_key = key
+        prev_seg = seg
+    return keys, parents, tokens, stypes, seg_tokens

@@ -1,0 +1,231 @@
+"""The ``skv`` command line: thin wrappers over the library, one subcommand per task."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+import sys
+from pathlib import Path
+
+log = logging.getLogger("skv")
+
+
+def _add_trace_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("trace", help="trace file or directory (format detected from content)")
+    p.add_argument(
+        "--format",
+        dest="fmt",
+        default=None,
+        help="force the trace format (skv, mooncake, claude_code, azure2023, bailian)",
+    )
+    p.add_argument(
+        "--block-size",
+        type=int,
+        default=None,
+        help="KV block size in tokens (default: the trace's own, else 16 as vLLM on GPU)",
+    )
+    p.add_argument(
+        "--mode",
+        choices=["prefix", "segment"],
+        default="prefix",
+        help="block keying: exact prefix (vLLM) or position-independent segments",
+    )
+    p.add_argument(
+        "--salt-by-tenant",
+        action="store_true",
+        help="salt each chain with the tenant id (vLLM cache_salt isolation)",
+    )
+    p.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
+
+
+def _load(args: argparse.Namespace):
+    from skv.replay import compile_trace
+    from skv.traces import load_trace
+
+    requests = load_trace(args.trace, args.fmt)
+    if args.limit is not None:
+        requests = requests[: args.limit]
+    if not requests:
+        raise SystemExit(f"{args.trace}: no requests")
+    block_size = args.block_size or requests[0].hash_block_size or 16
+    if requests[0].hash_block_size and args.block_size is None:
+        block_size = requests[0].hash_block_size
+    trace = compile_trace(requests, block_size, args.mode, salt_by_tenant=args.salt_by_tenant)
+    return requests, trace, block_size
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Verify the install: imports, registries, experiment configs, trace directory."""
+    import importlib
+
+    from skv.policies.registry import check_all
+
+    problems = []
+    for mod in (
+        "skv.model",
+        "skv.blocks",
+        "skv.sizing",
+        "skv.segmenter",
+        "skv.tokenize",
+        "skv.cache.radix",
+        "skv.cache.vllm_pool",
+        "skv.replay",
+        "skv.traces",
+    ):
+        try:
+            importlib.import_module(mod)
+            print(f"ok      import {mod}")
+        except Exception as exc:  # report every broken piece, not just the first
+            problems.append(f"import {mod}: {exc}")
+            print(f"FAILED  import {mod}: {exc}")
+    try:
+        names = check_all()
+        print(f"ok      policies: {', '.join(names)}")
+    except Exception as exc:
+        problems.append(f"policies: {exc}")
+        print(f"FAILED  policies: {exc}")
+    try:
+        from skv.traces import FORMATS, trace_dir
+
+        print(f"ok      trace formats: {', '.join(FORMATS)}")
+        where = trace_dir()
+        print(f"info    trace directory: {where or 'not found (set SKV_TRACE_DIR)'}")
+    except Exception as exc:
+        problems.append(f"traces: {exc}")
+        print(f"FAILED  traces: {exc}")
+    root = Path(__file__).resolve().parent.parent
+    configs = sorted((root / "experiments").glob("*.yaml")) if (root / "experiments").is_dir() else []
+    print(f"info    experiment configs: {len(configs)} in {root / 'experiments'}")
+    if problems:
+        print(f"{len(problems)} problem(s)")
+        return 1
+    print("skv is installed correctly")
+    return 0
+
+
+def cmd_traces_info(args: argparse.Namespace) -> int:
+    from skv.traces.info import format_info, trace_info
+
+    requests, _, block_size = _load(args)
+    print(format_info(trace_info(requests, block_size=block_size, mode=args.mode)))
+    return 0
+
+
+def cmd_traces_convert(args: argparse.Namespace) -> int:
+    requests, trace, _ = _load(args)
+    out = Path(args.output)
+    if args.to == "skv":
+        from skv.traces.native import write_skv_trace
+
+        write_skv_trace(out, requests, {"source": str(args.trace)})
+    else:
+        from skv.traces.oracle_general import write_oracle_general
+
+        write_oracle_general(out, trace)
+    log.info("wrote %s", out)
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from skv.replay import replay_trace, write_results
+
+    _, trace, block_size = _load(args)
+    rows = replay_trace(
+        trace,
+        args.policies,
+        args.capacity,
+        model=args.model,
+        metrics_every=args.metrics_every,
+        progress=None if not args.quiet else False,
+    )
+    out = Path(args.output) if args.output else _default_out("replay", Path(args.trace).stem)
+    meta = {
+        "trace": str(args.trace),
+        "format": args.fmt,
+        "block_size": block_size,
+        "mode": args.mode,
+        "model": args.model,
+        "salt_by_tenant": args.salt_by_tenant,
+        "limit": args.limit,
+        "simulated": "cache-only replay (no timing model); hit rates are simulated",
+    }
+    write_results(rows, out, meta)
+    print(f"{'capacity':>10} {'blocks':>9} {'policy':>18} {'token_hit':>9} {'block_hit':>9}")
+    for r in rows:
+        print(
+            f"{r['capacity']:>10} {r['capacity_blocks']:>9} {r['policy']:>18} "
+            f"{r['token_hit_rate']:>9.4f} {r['block_hit_rate']:>9.4f}"
+        )
+    print(f"infinite-cache ceiling: token {rows[0]['ceiling_token_hit_rate']:.4f}, "
+          f"block {rows[0]['ceiling_block_hit_rate']:.4f}")
+    print(f"results: {out}/replay_results.csv, replay_results.json")
+    return 0
+
+
+def _default_out(kind: str, name: str) -> Path:
+    stamp = dt.datetime.now().strftime("%Y%m%d_%H%M%S")
+    return Path("outputs") / kind / f"{stamp}_{name}"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="skv",
+        description="KV-cache management research artifact: eviction, segment reuse, routing.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("check", help="verify the install (imports, registries, configs)")
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("replay", help="replay a trace through eviction policies (cache only)")
+    _add_trace_args(p)
+    p.add_argument("--policies", nargs="+", default=["lru"], help="policy names (see skv check)")
+    p.add_argument(
+        "--capacity",
+        nargs="+",
+        action="extend",
+        default=None,
+        help="cache sizes: blocks (4096), tokens (50000tok), share of unique blocks (10%%) or "
+        "bytes (30GB, needs --model); repeatable",
+    )
+    p.add_argument("--model", default=None, help="model preset for byte capacities")
+    p.add_argument("--output", default=None, help="output directory")
+    p.add_argument(
+        "--metrics-every", type=int, default=0, help="log policy metrics every N requests"
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_replay)
+
+    traces = sub.add_parser("traces", help="inspect and convert traces")
+    tsub = traces.add_subparsers(dest="traces_command", required=True)
+    p = tsub.add_parser("info", help="requests, span, blocks, hit ceiling, type mix")
+    _add_trace_args(p)
+    p.set_defaults(func=cmd_traces_info)
+    p = tsub.add_parser("convert", help="write a trace as skv JSONL or libCacheSim oracleGeneral")
+    _add_trace_args(p)
+    p.add_argument("--to", choices=["skv", "oracle_general"], required=True)
+    p.add_argument("output", help="output file")
+    p.set_defaults(func=cmd_traces_convert)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    if getattr(args, "capacity", "absent") is None:
+        args.capacity = ["10%"]
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"skv: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""Name -> eviction policy. Adding a policy is one file plus one line here.
+
+Names are what configs and the CLI use. ``vllm`` is not a policy plugged into the radix cache
+but vLLM's own block pool (``skv.cache.vllm_pool``), modelled exactly.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: name -> "module:Class"; modules are imported on first use
+POLICIES: dict[str, str] = {
+    "fifo": "skv.policies.fifo:FIFO",
+    "lru": "skv.policies.lru:LRU",
+    "lfu": "skv.policies.lfu:LFU",
+    "size_lru": "skv.policies.size_lru:SizeLRU",
+    "gdsf": "skv.policies.gdsf:GDSF",
+    "slru": "skv.policies.slru:SLRU",
+    "static_semantic": "skv.policies.static_semantic:StaticSemantic",
+    "adaptive_semantic": "skv.policies.adaptive_semantic:AdaptiveSemantic",
+    "sglang_lru": "skv.policies.sglang:SGLangLRU",
+    "sglang_lfu": "skv.policies.sglang:SGLangLFU",
+    "belady": "skv.policies.belady:Belady",
+    "vllm": "skv.cache.vllm_pool:VllmBlockPool",
+}
+
+#: policies that need the whole trace in advance (upper bounds, not deployable)
+OFFLINE = frozenset({"belady"})
+
+
+def _load(name: str) -> Any:
+    try:
+        target = POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}") from None
+    module, cls = target.split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def make_cache(
+    name: str,
+    capacity_blocks: int,
+    params: dict[str, Any] | None = None,
+    **cache_options: Any,
+) -> Any:
+    """A ready cache for policy ``name``: a ``BlockCache`` or, for ``vllm``, a ``VllmBlockPool``."""
+    from skv.cache.radix import BlockCache
+    from skv.cache.vllm_pool import VllmBlockPool
+
+    cls = _load(name)
+    if cls is VllmBlockPool:
+        if params:
+            raise ValueError(f"policy 'vllm' takes no parameters, got {sorted(params)}")
+        return VllmBlockPool(capacity_blocks, **cache_options)
+    try:
+        policy = cls(**(params or {}))
+    except TypeError as exc:
+        raise ValueError(f"policy {name!r}: bad parameters {params}: {exc}") from None
+    return BlockCache(capacity_blocks, policy, **cache_options)
+
+
+def check_all() -> list[str]:
+    """Import every registered policy; returns the names (raises on the first broken one)."""
+    for name in POLICIES:
+        _load(name)
+    return list(POLICIES)

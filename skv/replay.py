@@ -1,0 +1,288 @@
+"""Cache-only trace replay: requests -> blocks -> cache + policy -> hit-rate tables.
+
+Each request acquires its blocks at its arrival time and releases them at once (no timing
+model, no requests in flight); the serving simulator adds time. The trace is compiled to blocks
+once and replayed through every (policy, capacity) pair, so all policies see identical keys.
+Results are tidy rows (one per policy x capacity) written as CSV and JSON.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from skv.blocks import KeyingMode, RequestBlocks, request_blocks
+from skv.model import NUM_TYPES, TYPES, Request
+from skv.policies.registry import OFFLINE, make_cache
+from skv.sizing import Capacity
+
+log = logging.getLogger(__name__)
+
+
+def compile_trace(
+    requests: Sequence[Request],
+    block_size: int,
+    mode: KeyingMode | str = KeyingMode.PREFIX,
+    *,
+    salt_by_tenant: bool = False,
+) -> list[RequestBlocks]:
+    """Blocks and keys for every request, in arrival order."""
+    return [
+        request_blocks(r, block_size, mode, index=i, salt_by_tenant=salt_by_tenant)
+        for i, r in enumerate(requests)
+    ]
+
+
+def annotate_next_use(trace: Sequence[RequestBlocks]) -> None:
+    """Fill ``next_use``: for each block access, the index of the next request using that key."""
+    never = len(trace) + 1
+    upcoming: dict[int, int] = {}
+    for rb in reversed(trace):
+        nu = []
+        for key in rb.keys:
+            nu.append(upcoming.get(key, never))
+        for key in rb.keys:
+            upcoming[key] = rb.index
+        rb.next_use = nu
+
+
+@dataclass
+class TraceTotals:
+    """Policy-independent totals of a compiled trace."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    block_accesses: int = 0
+    unique_blocks: int = 0
+    ceiling_hit_blocks: int = 0
+    ceiling_hit_tokens: int = 0
+    tokens_by_type: list[int] = field(default_factory=lambda: [0] * NUM_TYPES)
+    blocks_by_type: list[int] = field(default_factory=lambda: [0] * NUM_TYPES)
+
+    @property
+    def ceiling_block_hit_rate(self) -> float:
+        return self.ceiling_hit_blocks / self.block_accesses if self.block_accesses else 0.0
+
+    @property
+    def ceiling_token_hit_rate(self) -> float:
+        return self.ceiling_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+def trace_totals(trace: Iterable[RequestBlocks]) -> TraceTotals:
+    """Totals plus the infinite-cache ceiling: a block hits if its key was seen before."""
+    t = TraceTotals()
+    seen: set[int] = set()
+    for rb in trace:
+        t.requests += 1
+        t.prompt_tokens += rb.prompt_tokens
+        t.block_accesses += len(rb.keys)
+        in_run = False
+        for key, parent, tok, st in zip(rb.keys, rb.parents, rb.tokens, rb.stypes, strict=True):
+            t.tokens_by_type[st] += tok
+            t.blocks_by_type[st] += 1
+            if parent is None:
+                in_run = True
+            if in_run and key in seen:
+                t.ceiling_hit_blocks += 1
+                t.ceiling_hit_tokens += tok
+            else:
+                in_run = False
+        seen.update(rb.keys)
+    t.unique_blocks = len(seen)
+    return t
+
+
+def replay_one(
+    trace: Sequence[RequestBlocks],
+    policy: str,
+    capacity_blocks: int,
+    *,
+    params: dict[str, Any] | None = None,
+    totals: TraceTotals | None = None,
+    metrics_every: int = 0,
+    progress: bool | None = None,
+) -> dict[str, Any]:
+    """Replay ``trace`` through one policy at one capacity; returns one result row."""
+    totals = totals or trace_totals(trace)
+    cache = make_cache(policy, capacity_blocks, params)
+    if policy in OFFLINE:
+        if trace and trace[0].next_use is None:
+            annotate_next_use(trace)
+        cache.prepare(trace)
+    series: list[dict[str, float]] = []
+    policy_obj = getattr(cache, "policy", None)
+    t0 = time.perf_counter()
+    bar = tqdm(
+        trace,
+        desc=f"{policy}@{capacity_blocks}",
+        unit="req",
+        disable=(not progress) if progress is not None else None,
+        mininterval=1.0,
+        leave=False,
+    )
+    access = cache.access
+    for n, rb in enumerate(bar):
+        access(rb, rb.arrival_s)
+        if metrics_every and policy_obj is not None and n % metrics_every == 0:
+            m = policy_obj.metrics()
+            if m:
+                series.append({"request": n, "time_s": rb.arrival_s, **m})
+    elapsed = time.perf_counter() - t0
+    s = cache.stats
+    row: dict[str, Any] = {
+        "policy": policy,
+        "capacity_blocks": capacity_blocks,
+        "requests": s.requests,
+        "prompt_tokens": s.prompt_tokens,
+        "hit_tokens": s.hit_tokens,
+        "block_accesses": s.blocks,
+        "hit_blocks": s.hit_blocks,
+        "token_hit_rate": s.token_hit_rate,
+        "block_hit_rate": s.block_hit_rate,
+        "ceiling_token_hit_rate": totals.ceiling_token_hit_rate,
+        "ceiling_block_hit_rate": totals.ceiling_block_hit_rate,
+        "evictions": s.evictions,
+        "ghost_hits": s.ghost_hits,
+        "uncached_blocks": s.uncached_blocks,
+        "evictions_by_type": _by_type(s.evictions_by_type),
+        "hit_rate_by_type": {
+            TYPES[i].value: s.hit_tokens_by_type[i] / totals.tokens_by_type[i]
+            for i in range(NUM_TYPES)
+            if totals.tokens_by_type[i]
+        },
+        "replay_seconds": round(elapsed, 3),
+    }
+    if policy_obj is not None:
+        row["params"] = policy_obj.params()
+        if series:
+            row["metrics_over_time"] = series
+    log.info(
+        "%s @ %d blocks: token hit rate %.4f, block hit rate %.4f (%.1fs)",
+        policy,
+        capacity_blocks,
+        row["token_hit_rate"],
+        row["block_hit_rate"],
+        elapsed,
+    )
+    return row
+
+
+def _by_type(values: list[int]) -> dict[str, int]:
+    return {TYPES[i].value: v for i, v in enumerate(values) if v}
+
+
+def resolve_capacities(
+    specs: Sequence[str], *, block_size: int, unique_blocks: int, model: str | None
+) -> list[tuple[str, int]]:
+    return [
+        (spec, Capacity.parse(spec).to_blocks(
+            block_size=block_size, unique_blocks=unique_blocks, model=model
+        ))
+        for spec in specs
+    ]
+
+
+def replay_trace(
+    trace: Sequence[RequestBlocks],
+    policies: Sequence[str],
+    capacities: Sequence[str],
+    *,
+    model: str | None = None,
+    metrics_every: int = 0,
+    progress: bool | None = None,
+) -> list[dict[str, Any]]:
+    """Every policy at every capacity; rows in (capacity, policy) order."""
+    totals = trace_totals(trace)
+    block_size = trace[0].block_size if trace else 1
+    rows = []
+    for spec, cap in resolve_capacities(
+        capacities, block_size=block_size, unique_blocks=totals.unique_blocks, model=model
+    ):
+        for policy in policies:
+            row = replay_one(
+                trace,
+                policy,
+                cap,
+                totals=totals,
+                metrics_every=metrics_every,
+                progress=progress,
+            )
+            rows.append({"capacity": spec, "block_size": block_size, **row})
+    return rows
+
+
+CSV_COLUMNS = [
+    "capacity",
+    "capacity_blocks",
+    "block_size",
+    "policy",
+    "requests",
+    "block_accesses",
+    "prompt_tokens",
+    "hit_blocks",
+    "hit_tokens",
+    "token_hit_rate",
+    "block_hit_rate",
+    "ceiling_token_hit_rate",
+    "ceiling_block_hit_rate",
+    "evictions",
+    "ghost_hits",
+    "uncached_blocks",
+]
+
+
+def write_results(rows: list[dict[str, Any]], out_dir: Path, meta: dict[str, Any]) -> None:
+    """``replay_results.csv`` (flat, per-type columns) and ``replay_results.json`` (nested).
+
+    Timing fields are left out so the same config gives byte-identical files.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    type_names = [t.value for t in TYPES]
+    header = (
+        CSV_COLUMNS
+        + [f"evictions_{t}" for t in type_names]
+        + [f"hit_rate_{t}" for t in type_names]
+    )
+    lines = []
+    for r in rows:
+        flat = {c: r[c] for c in CSV_COLUMNS}
+        for t in type_names:
+            flat[f"evictions_{t}"] = r["evictions_by_type"].get(t, 0)
+            flat[f"hit_rate_{t}"] = r["hit_rate_by_type"].get(t, "")
+        lines.append(flat)
+    _atomic_write(out_dir / "replay_results.csv", lambda f: _write_csv(f, header, lines))
+    stable_rows = [{k: v for k, v in r.items() if k != "replay_seconds"} for r in rows]
+    payload = {"meta": meta, "results": stable_rows}
+    _atomic_write(
+        out_dir / "replay_results.json",
+        lambda f: f.write(json.dumps(payload, indent=2, sort_keys=True) + "\n"),
+    )
+
+
+def _write_csv(f, header: list[str], lines: list[dict[str, Any]]) -> None:
+    w = csv.DictWriter(f, fieldnames=header, lineterminator="\n")
+    w.writeheader()
+    for line in lines:
+        w.writerow({k: (f"{v:.6f}" if isinstance(v, float) else v) for k, v in line.items()})
+
+
+def _atomic_write(path: Path, write) -> None:
+    """Write to a temp file beside ``path`` and rename, so a crash never leaves half a file."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

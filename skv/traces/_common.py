@@ -1,0 +1,152 @@
+"""Helpers the format modules share: JSONL iteration, atomic writes, typing hash-id prompts.
+
+Hash-id traces (Mooncake, Claude Code, Bailian) carry no text, only one id per block of
+``block_size`` tokens, prefix-chained by the trace itself (the same id never appears at two
+positions). Typing such a prompt means cutting it into a few token spans (system prefix, history,
+new input); :func:`spans_to_segments` turns those spans into segments with a content identity
+derived from the ids, so equal ids give equal content hashes without hashing every id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from skv.model import Request, Segment, SemanticType, content_hash
+from skv.traces.errors import TraceFormatError, from_validation_error
+
+M = TypeVar("M", bound=BaseModel)
+
+PathLike = str | os.PathLike[str]
+
+
+def iter_lines(path: PathLike) -> Iterator[tuple[int, str]]:
+    """Non-blank lines of a text file with their 1-based line numbers."""
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if line.strip():
+                yield lineno, line
+
+
+def parse_line(model: type[M], line: str, path: PathLike, lineno: int, *, strict: bool) -> M:
+    """One JSON line through a pydantic model; errors name the file, line and field."""
+    try:
+        return model.model_validate_json(line, strict=strict)
+    except ValidationError as err:
+        raise from_validation_error(err, path, line=lineno) from None
+
+
+def sort_by_arrival(requests: list[Request]) -> list[Request]:
+    """Requests by arrival time; ties keep their input order (``sorted`` is stable)."""
+    return sorted(requests, key=lambda r: r.arrival_s)
+
+
+@contextlib.contextmanager
+def atomic_write(path: PathLike, *, binary: bool = False) -> Iterator[IO[Any]]:
+    """Write to a temp file beside ``path`` and move it into place only on success.
+
+    On any exception the temp file is removed and ``path`` is left as it was, so a failure never
+    leaves a half-written trace behind.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        if binary:
+            f: IO[Any] = os.fdopen(fd, "wb")
+        else:
+            f = os.fdopen(fd, "w", encoding="utf-8", newline="\n")
+        with f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Number of leading equal elements of two id lists."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def request_share_counts(hash_id_lists: Iterable[Sequence[int]]) -> Counter[int]:
+    """How many requests contain each hash id (each request counted once per id)."""
+    counts: Counter[int] = Counter()
+    for ids in hash_id_lists:
+        counts.update(set(ids))
+    return counts
+
+
+def shared_prefix_blocks(ids: Sequence[int], counts: Counter[int], min_count: float) -> int:
+    """Leading blocks whose id occurs in more than ``min_count`` requests."""
+    k = 0
+    while k < len(ids) and counts[ids[k]] > min_count:
+        k += 1
+    return k
+
+
+def spans_to_segments(
+    spans: Iterable[tuple[SemanticType, int]],
+    *,
+    hash_ids: Sequence[int],
+    block_size: int,
+    scope: str,
+    request_id: str,
+) -> list[Segment]:
+    """Typed token spans (in prompt order) to segments; empty spans dropped, equal types merged.
+
+    A segment's ``content_hash`` comes from the id of the last block it touches plus its token
+    range: ids are prefix-chained, so the same last id at the same offsets means the same tokens.
+    Tokens past the last id (a trace that does not hash its trailing partial block) have unknown
+    content, so such a segment's hash includes the request id and never matches another.
+    """
+    merged: list[list[Any]] = []
+    for stype, n in spans:
+        if n <= 0:
+            continue
+        if merged and merged[-1][0] == stype:
+            merged[-1][1] += n
+        else:
+            merged.append([stype, n])
+    segments: list[Segment] = []
+    start = 0
+    for stype, n in merged:
+        end = start + n
+        last_block = (end - 1) // block_size
+        if last_block < len(hash_ids):
+            ident = f"{scope}|{hash_ids[last_block]}|{start}|{n}"
+        else:
+            ident = f"{scope}|req:{request_id}|{start}|{n}"
+        segments.append(Segment(stype=stype, num_tokens=n, content_hash=content_hash(ident)))
+        start = end
+    return segments
+
+
+def check_hash_ids_fit(
+    num_ids: int, prompt_tokens: int, block_size: int, path: PathLike, *, line: int | None, field: str
+) -> None:
+    """Reject more block ids than the prompt has blocks (a corrupt or mis-typed record)."""
+    max_ids = -(-prompt_tokens // block_size)
+    if num_ids > max_ids:
+        raise TraceFormatError(
+            path,
+            f"{num_ids} hash ids for {prompt_tokens} tokens "
+            f"(at most {max_ids} blocks of {block_size})",
+            line=line,
+            field=field,
+        )

@@ -1,0 +1,67 @@
+"""The one error every trace reader raises for bad input, and how pydantic errors become it.
+
+A reader that meets a malformed record must say *where* (file and line, or a JSON path for
+whole-document formats) and *which field*, so a user can open the file at that spot. Readers
+build their whole output in memory and only return it at the end, so an error never leaves a
+caller with a half-read trace; writers go through a temp file for the same reason.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pydantic import ValidationError
+
+
+class TraceFormatError(ValueError):
+    """A trace file (or the data about to be written to one) breaks its format.
+
+    ``str(err)`` reads ``path:line: field: message``; parts that are unknown are left out.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None,
+        message: str,
+        *,
+        line: int | None = None,
+        field: str | None = None,
+    ) -> None:
+        self.path = None if path is None else str(path)
+        self.line = line
+        self.field = field
+        self.message = message
+        where = self.path or "<trace>"
+        if line is not None:
+            where = f"{where}:{line}"
+        text = f"{where}: {field}: {message}" if field else f"{where}: {message}"
+        super().__init__(text)
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(p) for p in loc) or "<record>"
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def from_validation_error(
+    err: ValidationError,
+    path: str | os.PathLike[str],
+    *,
+    line: int | None = None,
+    prefix: str = "",
+) -> TraceFormatError:
+    """The first pydantic error as a TraceFormatError (with a count of the others)."""
+    errors = err.errors(include_url=False)
+    first = errors[0]
+    field = prefix + _loc(tuple(first["loc"]))
+    msg = first["msg"]
+    if first["type"] not in ("missing", "json_invalid") and "input" in first:
+        msg = f"{msg} (got {_short(first['input'])})"
+    if len(errors) > 1:
+        msg = f"{msg} (+{len(errors) - 1} more error(s) in this record)"
+    return TraceFormatError(path, msg, line=line, field=field or None)

@@ -84,8 +84,10 @@ def bench_stream(name: str, trace: list[RequestBlocks], capacity: int, policies:
     print(f"{'OrderedDict flat LRU':<24} {base_rate:>12,.0f} {1.0:>14.2f} {base_hit:>10.4f}")
     lcs = libcachesim_lru(keys, capacity)
     if lcs is not None:
-        print(f"{'libCacheSim LRU (C)':<24} {lcs[0]:>12,.0f} {lcs[0] / base_rate:>14.2f} "
-              f"{lcs[1]:>10.4f}")
+        print(
+            f"{'libCacheSim LRU (C)':<24} {lcs[0]:>12,.0f} {lcs[0] / base_rate:>14.2f} "
+            f"{lcs[1]:>10.4f}"
+        )
     for policy in policies:
         if policy in OFFLINE:
             for rb in trace:
@@ -93,8 +95,10 @@ def bench_stream(name: str, trace: list[RequestBlocks], capacity: int, policies:
         t0 = time.perf_counter()
         row = replay_one(trace, policy, capacity, progress=False)
         rate = n / (time.perf_counter() - t0)
-        print(f"{'skv ' + policy:<24} {rate:>12,.0f} {rate / base_rate:>14.2f} "
-              f"{row['block_hit_rate']:>10.4f}")
+        print(
+            f"{'skv ' + policy:<24} {rate:>12,.0f} {rate / base_rate:>14.2f} "
+            f"{row['block_hit_rate']:>10.4f}"
+        )
 
 
 def main() -> None:
@@ -119,14 +123,14 @@ def main() -> None:
         else:
             trace = compile_trace(load_trace(path), 512)
             unique = len({k for rb in trace for k in rb.keys})
-            bench_stream("mooncake conversation", trace, int(unique * args.capacity_frac),
-                         args.policies)
+            bench_stream(
+                "mooncake conversation", trace, int(unique * args.capacity_frac), args.policies
+            )
 
     keys = zipf_stream(args.accesses, args.objects, args.alpha, args.seed)
     trace = flat_trace(keys)
     unique = len(set(keys))
-    bench_stream(f"zipf alpha={args.alpha}", trace, int(unique * args.capacity_frac),
-                 args.policies)
+    bench_stream(f"zipf alpha={args.alpha}", trace, int(unique * args.capacity_frac), args.policies)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ Keys are Python ints from tuple hashes of ints, which CPython computes determini
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import StrEnum
 
 from skv.model import TYPE_INDEX, Request, Segment, SemanticType
@@ -30,36 +29,65 @@ class KeyingMode(StrEnum):
     SEGMENT = "segment"
 
 
-@dataclass(slots=True)
 class RequestBlocks:
     """The hot-loop view of one request: parallel per-block lists of plain ints.
 
     ``parents[i]`` is the key of the block before ``i`` in its chain, or ``None`` when block ``i``
     starts a chain (a lookup run restarts there). ``seg_tokens[i]`` is the size of the segment
-    the block belongs to (a cost signal for size-aware policies).
+    the block belongs to (a cost signal for size-aware policies). ``next_use[i]`` is the index of
+    the next request that uses the same key (filled for offline policies only).
     """
 
-    index: int
-    arrival_s: float
-    keys: list[int]
-    parents: list[int | None]
-    tokens: list[int]
-    stypes: list[int]
-    seg_tokens: list[int]
-    session: str | None
-    turn: int
-    templated: bool
-    block_size: int
-    prompt_tokens: int = 0
-    #: per block, the index of the next request that uses the same key (offline policies only)
-    next_use: list[int] | None = None
-
-    def __post_init__(self) -> None:
-        self.prompt_tokens = sum(self.tokens)
+    def __init__(
+        self,
+        index: int,
+        arrival_s: float,
+        keys: list,
+        parents: list,
+        tokens: list,
+        stypes: list,
+        seg_tokens: list,
+        session: str | None,
+        turn: int,
+        templated: bool,
+        block_size: int,
+        next_use: list | None = None,
+    ) -> None:
+        self.index = index
+        self.arrival_s = arrival_s
+        self.keys = keys
+        self.parents = parents
+        self.tokens = tokens
+        self.stypes = stypes
+        self.seg_tokens = seg_tokens
+        self.session = session
+        self.turn = turn
+        self.templated = templated
+        self.block_size = block_size
+        self.prompt_tokens = sum(tokens)
+        self.next_use = next_use
 
     @property
     def num_blocks(self) -> int:
         return len(self.keys)
+
+    def _fields(self) -> tuple:
+        return (
+            self.index, self.arrival_s, self.keys, self.parents, self.tokens, self.stypes,
+            self.seg_tokens, self.session, self.turn, self.templated, self.block_size,
+            self.next_use,
+        )  # fmt: skip
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RequestBlocks):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    def __repr__(self) -> str:
+        return (
+            f"RequestBlocks(index={self.index}, arrival_s={self.arrival_s}, "
+            f"blocks={len(self.keys)}, prompt_tokens={self.prompt_tokens})"
+        )
 
 
 def _root(tenant_salt: str | None) -> int:

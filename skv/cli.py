@@ -95,7 +95,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         problems.append(f"traces: {exc}")
         print(f"FAILED  traces: {exc}")
     root = Path(__file__).resolve().parent.parent
-    configs = sorted((root / "experiments").glob("*.yaml")) if (root / "experiments").is_dir() else []
+    configs = sorted((root / "experiments").glob("*.yaml"))
     print(f"info    experiment configs: {len(configs)} in {root / 'experiments'}")
     if problems:
         print(f"{len(problems)} problem(s)")
@@ -157,8 +157,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
             f"{r['capacity']:>10} {r['capacity_blocks']:>9} {r['policy']:>18} "
             f"{r['token_hit_rate']:>9.4f} {r['block_hit_rate']:>9.4f}"
         )
-    print(f"infinite-cache ceiling: token {rows[0]['ceiling_token_hit_rate']:.4f}, "
-          f"block {rows[0]['ceiling_block_hit_rate']:.4f}")
+    print(
+        f"infinite-cache ceiling: token {rows[0]['ceiling_token_hit_rate']:.4f}, "
+        f"block {rows[0]['ceiling_block_hit_rate']:.4f}"
+    )
     print(f"results: {out}/replay_results.csv, replay_results.json")
     return 0
 

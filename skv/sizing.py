@@ -103,7 +103,7 @@ class Capacity:
         elif self.kind == "fraction":
             if unique_blocks is None:
                 raise ValueError(f"capacity {self.text!r} is relative: the trace is needed")
-            n = int(round(self.value * unique_blocks))
+            n = round(self.value * unique_blocks)
         else:
             if model is None:
                 raise ValueError(f"capacity {self.text!r} is in bytes: give a model (--model)")

@@ -236,7 +236,10 @@ def test_prose_that_merely_starts_with_a_legal_word_stays_a_query(line: str) -> 
 
 def test_each_legal_clause_is_its_own_segment() -> None:
     text = "Clause 1 pay rent.\nClause 2 keep quiet."
-    assert [t for _, t in types_and_texts([user(text)])] == ["Clause 1 pay rent.", "Clause 2 keep quiet."]
+    assert [t for _, t in types_and_texts([user(text)])] == [
+        "Clause 1 pay rent.",
+        "Clause 2 keep quiet.",
+    ]
 
 
 def test_template_header_is_template() -> None:

@@ -44,7 +44,9 @@ def tokenizer_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     tok = HFTok(models.BPE(unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator(SENTENCES, trainers.BpeTrainer(vocab_size=120, special_tokens=["[UNK]"]))
+    tok.train_from_iterator(
+        SENTENCES, trainers.BpeTrainer(vocab_size=120, special_tokens=["[UNK]"])
+    )
     path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
     tok.save(str(path))
     return path

@@ -6,50 +6,32 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from typing import TYPE_CHECKING
+import cython
 
 from skv.model import NUM_TYPES
 
-if TYPE_CHECKING:
-    from skv.blocks import RequestBlocks
-
 
 class Block:
-    """One cached KV block. Plain slots object: the replay loop touches these millions of times.
+    """One cached KV block; the replay loop touches these millions of times (a C struct when
+    compiled, see ``skv._build``).
 
     Tree fields (``parent``, ``n_children``, ``ref``) belong to the cache. ``version`` and
     ``pdata`` belong to the policy (heap-entry validity; queue id, learned score, ...).
     ``next_use`` is filled by offline policies (Belady) before the block is offered to them.
     ``req`` is the request that inserted the block (session, turn, templated, segment sizes):
-    metadata multi-queue policies classify blocks by.
+    metadata multi-queue policies classify blocks by. ``link_prev``/``link_next`` let an
+    ordered policy thread blocks on an intrusive list (O(1), no dict).
     """
-
-    __slots__ = (
-        "hits",
-        "inserted_at",
-        "key",
-        "last_access",
-        "n_children",
-        "next_use",
-        "parent",
-        "pdata",
-        "pos",
-        "ref",
-        "req",
-        "stype",
-        "tokens",
-        "version",
-    )
 
     def __init__(
         self,
-        key: int,
-        parent: Block | None,
-        tokens: int,
-        stype: int,
-        pos: int,
-        req: RequestBlocks,
-        now: float,
+        key: object,
+        parent: object,
+        tokens: cython.int,
+        stype: cython.int,
+        pos: cython.int,
+        req: object,
+        now: cython.double,
     ) -> None:
         self.key = key
         self.parent = parent
@@ -64,7 +46,9 @@ class Block:
         self.hits = 0
         self.version = 0
         self.next_use = 0
-        self.pdata: object = None
+        self.pdata = None
+        self.link_prev = None
+        self.link_next = None
 
     def __repr__(self) -> str:
         return f"Block(key={self.key:#x}, stype={self.stype}, pos={self.pos}, ref={self.ref})"
@@ -134,9 +118,13 @@ class CacheStats:
         return self.hit_blocks / self.blocks if self.blocks else 0.0
 
 
-class Lease(NamedTuple):
+class Lease:
     """What a request holds while in flight: its pinned blocks in prompt order, and its hits."""
 
-    blocks: list
-    hit_blocks: int
-    hit_tokens: int
+    def __init__(self, blocks: list, hit_blocks: int, hit_tokens: int) -> None:
+        self.blocks = blocks
+        self.hit_blocks = hit_blocks
+        self.hit_tokens = hit_tokens
+
+    def __repr__(self) -> str:
+        return f"Lease(blocks={len(self.blocks)}, hit_blocks={self.hit_blocks})"

@@ -39,7 +39,9 @@ class VllmBlockPool:
         record_evictions: bool = False,
     ) -> None:
         if capacity_blocks < 2:
-            raise ValueError(f"vllm needs >= 2 blocks (one is the null block), got {capacity_blocks}")
+            raise ValueError(
+                f"vllm needs >= 2 blocks (one is the null block), got {capacity_blocks}"
+            )
         self.capacity_blocks = capacity_blocks
         n = capacity_blocks
         self.ref = [0] * n
@@ -73,7 +75,7 @@ class VllmBlockPool:
             if tok != bs or key not in cached:
                 break
             hits += 1
-        return min(hits, (rb.prompt_tokens - 1) // bs)
+        return min(hits, max(0, rb.prompt_tokens - 1) // bs)
 
     def acquire(self, rb: RequestBlocks, now: float) -> Lease:
         if rb.parents.count(None) > 1:
@@ -101,17 +103,19 @@ class VllmBlockPool:
             if not self.free:
                 stats.uncached_blocks += len(keys) - i
                 break
+            key = keys[i]
+            full = tokens[i] == bs  # cache_full_blocks: only full blocks get a hash
+            # look the ghost up before the eviction below can put this very key into it
+            ghost = self.ghost.pop(key) if full else None
             blk, _ = self.free.popitem(last=False)
             self._evict_hash(blk, now)
             self.ref[blk] = 1
             held.append(blk)
-            if tokens[i] == bs:  # cache_full_blocks: only full blocks get a hash
-                key = keys[i]
+            if full:
                 self.hash[blk] = key
                 self.stype[blk] = stypes[i]
                 self.tokens[blk] = bs
                 self.cached.setdefault(key, []).append(blk)
-                ghost = self.ghost.pop(key)
                 if ghost is not None:
                     stats.ghost_hits += 1
         stats.requests += 1
@@ -134,6 +138,12 @@ class VllmBlockPool:
         lease = self.acquire(rb, now)
         self.release(lease, now)
         return lease
+
+    def replay(self, trace: list, start: int = 0, stop: int | None = None) -> None:
+        """``access`` every request of ``trace[start:stop]`` at its arrival time."""
+        for i in range(start, len(trace) if stop is None else stop):
+            rb = trace[i]
+            self.access(rb, rb.arrival_s)
 
     def _evict_hash(self, blk: int, now: float) -> None:
         key = self.hash[blk]

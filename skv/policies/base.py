@@ -88,10 +88,15 @@ class PriorityPolicy(Policy):
         raise NotImplementedError
 
     def push(self, b: Block, now: float) -> None:
-        b.version += 1
-        self._seq += 1
-        heapq.heappush(self._heap, (self.priority(b, now), self._seq, b.version, b))
-        if len(self._heap) > 2 * self._live + 4096:
+        self.push_key(b, self.priority(b, now))
+
+    def push_key(self, b: Block, key: Any) -> None:
+        """Push ``b`` with an already computed priority (saves a call on hot paths)."""
+        b.version = version = b.version + 1
+        self._seq = seq = self._seq + 1
+        heap = self._heap
+        heapq.heappush(heap, (key, seq, version, b))
+        if len(heap) > 2 * self._live + 4096:
             self._compact()
 
     def on_insert(self, b: Block, now: float) -> None:
@@ -120,12 +125,16 @@ class PriorityPolicy(Policy):
         return None
 
     def refresh(self, now: float) -> None:
-        """Recompute every live entry's priority (for priorities that drift with time)."""
-        live = [e[3] for e in self._heap if e[2] == e[3].version]
-        self._heap = []
-        for b in live:
-            self._seq += 1
-            self._heap.append((self.priority(b, now), self._seq, b.version, b))
+        """Recompute every live entry's priority (for priorities that drift with time).
+
+        Entries keep their push sequence, so equal priorities still pop in push order.
+        """
+        priority = self.priority
+        self._heap = [
+            (priority(b, now), seq, version, b)
+            for _, seq, version, b in self._heap
+            if version == b.version
+        ]
         heapq.heapify(self._heap)
 
     def _compact(self) -> None:

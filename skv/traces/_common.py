@@ -29,8 +29,12 @@ PathLike = str | os.PathLike[str]
 
 def iter_lines(path: PathLike) -> Iterator[tuple[int, str]]:
     """Non-blank lines of a text file with their 1-based line numbers."""
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise TraceFormatError(path, f"not UTF-8 text: {err}", line=lineno) from None
             if line.strip():
                 yield lineno, line
 
@@ -138,7 +142,13 @@ def spans_to_segments(
 
 
 def check_hash_ids_fit(
-    num_ids: int, prompt_tokens: int, block_size: int, path: PathLike, *, line: int | None, field: str
+    num_ids: int,
+    prompt_tokens: int,
+    block_size: int,
+    path: PathLike,
+    *,
+    line: int | None,
+    field: str,
 ) -> None:
     """Reject more block ids than the prompt has blocks (a corrupt or mis-typed record)."""
     max_ids = -(-prompt_tokens // block_size)

@@ -9,6 +9,7 @@ caller with a half-read trace; writers go through a temp file for the same reaso
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 from pydantic import ValidationError
@@ -39,6 +40,9 @@ class TraceFormatError(ValueError):
         super().__init__(text)
 
 
+_JSON_POS = re.compile(r" at line (\d+) column (\d+)$")
+
+
 def _loc(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(p) for p in loc) or "<record>"
 
@@ -58,8 +62,17 @@ def from_validation_error(
     """The first pydantic error as a TraceFormatError (with a count of the others)."""
     errors = err.errors(include_url=False)
     first = errors[0]
-    field = prefix + _loc(tuple(first["loc"]))
     msg = first["msg"]
+    if first["type"] == "json_invalid":
+        # pydantic says "at line L column C" within the parsed text: for one JSONL record that
+        # is noise next to the file line; for a whole document it *is* the file line.
+        m = _JSON_POS.search(msg)
+        if m:
+            msg = msg[: m.start()] + f" (column {m.group(2)})"
+            if line is None:
+                line = int(m.group(1))
+        return TraceFormatError(path, msg.replace("Invalid JSON", "invalid JSON"), line=line)
+    field = prefix + _loc(tuple(first["loc"]))
     if first["type"] not in ("missing", "json_invalid") and "input" in first:
         msg = f"{msg} (got {_short(first['input'])})"
     if len(errors) > 1:

@@ -1,0 +1,44 @@
+"""Which modules are compiled with Cython, and whether the compiled copies are current.
+
+These modules are the replay hot path, written in Cython's pure-Python mode: ``setup.py``
+compiles them in place when a C compiler exists, otherwise they run as plain Python. A compiled
+module that is older than its source would silently run old code, so ``skv check``, the test
+suite and ``reproduce.sh`` all look for stale builds. This file must not import skv.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+from pathlib import Path
+
+HOT_PATH: tuple[str, ...] = ("skv/blocks.py", "skv/cache/block.py", "skv/cache/radix.py")
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def build_status() -> dict[str, str]:
+    """module path -> ``compiled``, ``stale`` (source newer than the build) or ``python``."""
+    out = {}
+    for rel in HOT_PATH:
+        src = ROOT / rel
+        built = [
+            src.with_name(src.stem + suffix)
+            for suffix in importlib.machinery.EXTENSION_SUFFIXES
+            if src.with_name(src.stem + suffix).exists()
+        ]
+        if not built:
+            out[rel] = "python"
+        elif max(p.stat().st_mtime for p in built) < src.stat().st_mtime:
+            out[rel] = "stale"
+        else:
+            out[rel] = "compiled"
+    return out
+
+
+if __name__ == "__main__":
+    import sys
+
+    status = build_status()
+    for rel, state in status.items():
+        print(f"{state:9} {rel}")
+    sys.exit(1 if "stale" in status.values() else 0)

@@ -1,0 +1,93 @@
+"""Small builders shared by the cache, pool, property and replay tests."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from skv.blocks import RequestBlocks
+from skv.model import TYPE_INDEX, Request, Segment, SemanticType, content_hash
+from skv.policies.registry import OFFLINE, POLICIES, make_cache
+from skv.replay import annotate_next_use
+
+#: policies whose class may not be written yet; a missing module skips, never a broken one
+ALWAYS_PRESENT = frozenset({"lru", "vllm"})
+RADIX_POLICIES = [n for n in POLICIES if n != "vllm"]
+ONLINE_POLICIES = [n for n in POLICIES if n not in OFFLINE]
+
+
+def rb(
+    keys: Sequence[int],
+    *,
+    parents: Sequence[int | None] | None = None,
+    tokens: Sequence[int] | None = None,
+    stypes: Sequence[SemanticType] | None = None,
+    block_size: int = 4,
+    index: int = 0,
+    arrival_s: float = 0.0,
+) -> RequestBlocks:
+    """A hand-made request: one prefix chain over ``keys`` of full blocks unless told otherwise."""
+    keys = list(keys)
+    n = len(keys)
+    if parents is None:
+        parents = [None, *keys[:-1]] if keys else []
+    tokens = [block_size] * n if tokens is None else list(tokens)
+    st = [SemanticType.UNKNOWN] * n if stypes is None else list(stypes)
+    return RequestBlocks(
+        index=index,
+        arrival_s=arrival_s,
+        keys=keys,
+        parents=list(parents),
+        tokens=tokens,
+        stypes=[TYPE_INDEX[t] for t in st],
+        seg_tokens=list(tokens),
+        session=None,
+        turn=0,
+        templated=False,
+        block_size=block_size,
+    )
+
+
+def check_tree(cache: Any) -> None:
+    """A ``BlockCache``'s tree is closed: every cached block's parent is cached, child counts
+    match, so leaf-only eviction never left a block without its chain."""
+    children: dict[int, int] = {}
+    for b in cache.blocks.values():
+        if b.parent is not None:
+            assert cache.blocks.get(b.parent.key) is b.parent, f"{b} cached without its parent"
+            children[b.parent.key] = children.get(b.parent.key, 0) + 1
+    for b in cache.blocks.values():
+        assert b.n_children == children.get(b.key, 0), f"{b}: wrong child count"
+
+
+def seg(stype: SemanticType, num_tokens: int, name: str, **kw: Any) -> Segment:
+    """A segment whose content identity is ``name``."""
+    return Segment(stype, num_tokens, content_hash=content_hash(name), **kw)
+
+
+def req(*segments: Segment, request_id: str = "r", **kw: Any) -> Request:
+    return Request(request_id=request_id, arrival_s=0.0, segments=list(segments), **kw)
+
+
+def require_policy(name: str) -> None:
+    """Skip when the policy's own module is not written yet; anything else is a failure."""
+    module = POLICIES[name].split(":")[0]
+    try:
+        make_cache(name, 4)
+    except ModuleNotFoundError as exc:
+        if name in ALWAYS_PRESENT or exc.name != module:
+            raise
+        pytest.skip(f"policy {name!r}: module {module} not written yet")
+
+
+def new_cache(name: str, capacity: int, trace: Sequence[RequestBlocks] = (), **opts: Any) -> Any:
+    """A cache for ``name``; offline policies get ``trace`` annotated and prepared."""
+    require_policy(name)
+    cache = make_cache(name, capacity, **opts)
+    if name in OFFLINE:
+        if trace and trace[0].next_use is None:
+            annotate_next_use(trace)
+        cache.prepare(trace)
+    return cache

@@ -14,7 +14,7 @@ STAMP="$VENV/.skv-installed"
 
 bootstrap() {
     local want
-    want=$(sha256sum pyproject.toml | cut -c1-16)
+    want=$(cat pyproject.toml setup.py | sha256sum | cut -c1-16)
     if [[ ! -x "$VENV/bin/python" ]]; then
         echo "[reproduce] creating $VENV"
         "$PYTHON" -m venv "$VENV"
@@ -24,6 +24,11 @@ bootstrap() {
         "$VENV/bin/python" -m pip install --quiet --upgrade pip
         "$VENV/bin/python" -m pip install --quiet -e ".[dev]"
         echo "$want" > "$STAMP"
+    fi
+    # the replay hot path is compiled in place; rebuild it when a source is newer than its build
+    if ! "$VENV/bin/python" skv/_build.py > /dev/null; then
+        echo "[reproduce] rebuilding compiled hot path"
+        "$VENV/bin/python" setup.py -q build_ext --inplace > /dev/null
     fi
 }
 

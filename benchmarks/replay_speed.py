@@ -23,7 +23,7 @@ import numpy as np
 
 from skv.blocks import RequestBlocks
 from skv.policies.registry import OFFLINE, POLICIES
-from skv.replay import compile_trace, replay_one
+from skv.replay import compile_trace, replay_one, trace_totals
 
 log = logging.getLogger("bench")
 
@@ -88,12 +88,13 @@ def bench_stream(name: str, trace: list[RequestBlocks], capacity: int, policies:
             f"{'libCacheSim LRU (C)':<24} {lcs[0]:>12,.0f} {lcs[0] / base_rate:>14.2f} "
             f"{lcs[1]:>10.4f}"
         )
+    totals = trace_totals(trace)
     for policy in policies:
         if policy in OFFLINE:
             for rb in trace:
                 rb.next_use = None
         t0 = time.perf_counter()
-        row = replay_one(trace, policy, capacity, progress=False)
+        row = replay_one(trace, policy, capacity, totals=totals, progress=False)
         rate = n / (time.perf_counter() - t0)
         print(
             f"{'skv ' + policy:<24} {rate:>12,.0f} {rate / base_rate:>14.2f} "

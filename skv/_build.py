@@ -11,7 +11,22 @@ from __future__ import annotations
 import importlib.machinery
 from pathlib import Path
 
-HOT_PATH: tuple[str, ...] = ("skv/blocks.py", "skv/cache/block.py", "skv/cache/radix.py")
+HOT_PATH: tuple[str, ...] = (
+    "skv/blocks.py",
+    "skv/cache/block.py",
+    "skv/cache/radix.py",
+    "skv/policies/base.py",
+    "skv/policies/lru.py",
+    "skv/policies/fifo.py",
+    "skv/policies/lfu.py",
+    "skv/policies/size_lru.py",
+    "skv/policies/gdsf.py",
+    "skv/policies/slru.py",
+    "skv/policies/static_semantic.py",
+    "skv/policies/adaptive_semantic.py",
+    "skv/policies/sglang.py",
+    "skv/policies/belady.py",
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -28,11 +43,17 @@ def build_status() -> dict[str, str]:
         ]
         if not built:
             out[rel] = "python"
-        elif max(p.stat().st_mtime for p in built) < src.stat().st_mtime:
+        elif max(p.stat().st_mtime for p in built) < _source_mtime(src):
             out[rel] = "stale"
         else:
             out[rel] = "compiled"
     return out
+
+
+def _source_mtime(src: Path) -> float:
+    """The newest of the module and its .pxd (C declarations) companion."""
+    pxd = src.with_suffix(".pxd")
+    return max(src.stat().st_mtime, pxd.stat().st_mtime if pxd.exists() else 0.0)
 
 
 if __name__ == "__main__":

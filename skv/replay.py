@@ -154,7 +154,7 @@ def replay_one(
         "ceiling_token_hit_rate": totals.ceiling_token_hit_rate,
         "ceiling_block_hit_rate": totals.ceiling_block_hit_rate,
         "evictions": s.evictions,
-        "ghost_hits": s.ghost_hits,
+        "ghost_hits": s.ghost_hits if cache.ghost.capacity else None,
         "uncached_blocks": s.uncached_blocks,
         "evictions_by_type": _by_type(s.evictions_by_type),
         "hit_rate_by_type": {

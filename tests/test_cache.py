@@ -340,6 +340,8 @@ def test_eviction_log_is_off_by_default():
 
 
 class GhostRecordingLRU(LRU):
+    uses_ghost_list = True
+
     def __init__(self) -> None:
         super().__init__()
         self.ghost_hits: list[tuple[int, GhostEntry, float]] = []
@@ -358,7 +360,7 @@ def test_reinserting_a_recently_evicted_key_counts_a_ghost_hit(policy):
 
 
 def test_a_key_evicted_exactly_ghost_capacity_evictions_ago_is_still_a_ghost_hit():
-    cache = BlockCache(1, LRU())  # ghost capacity 1
+    cache = BlockCache(1, LRU(), ghost_capacity=1)
     for i, k in enumerate([1, 2, 1]):
         cache.access(rb([k]), float(i))
     assert cache.stats.ghost_hits == 1
@@ -406,11 +408,19 @@ def test_the_ghost_list_is_bounded_and_keeps_the_most_recent_evictions():
     assert 3 not in cache.ghost
 
 
-def test_the_ghost_list_defaults_to_the_cache_capacity():
-    cache = BlockCache(3, LRU())
+def test_the_ghost_list_defaults_to_the_cache_capacity_for_a_policy_that_learns_from_it():
+    cache = BlockCache(3, GhostRecordingLRU())
     for k in range(1, 20):
         cache.access(rb([k]), float(k))
     assert len(cache.ghost) == 3
+
+
+def test_the_ghost_list_is_off_by_default_for_a_policy_that_ignores_it():
+    cache = BlockCache(3, LRU())
+    for k in [1, 2, 3, 4, 1]:
+        cache.access(rb([k]), float(k))
+    assert len(cache.ghost) == 0
+    assert cache.stats.ghost_hits == 0
 
 
 def test_a_zero_capacity_ghost_list_records_nothing():

@@ -9,7 +9,9 @@ import pytest
 from helpers import RADIX_POLICIES, require_policy
 
 from skv.blocks import RequestBlocks
+from skv.cache.radix import BlockCache
 from skv.model import TYPE_INDEX, SemanticType
+from skv.policies.base import PriorityPolicy
 from skv.policies.registry import OFFLINE, make_cache
 from skv.replay import annotate_next_use
 
@@ -349,9 +351,64 @@ def test_params_and_metrics_are_plain_dicts(policy: str):
     assert all(isinstance(v, float) for v in m.values())
 
 
+class _SettablePriority(PriorityPolicy):
+    """An eager-heap policy whose priorities the test sets by key."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prio: dict[int, int] = {}
+
+    def priority(self, b, now):
+        return self.prio[b.key]
+
+
 def test_priority_refresh_keeps_push_order_for_ties():
-    cache = make_cache("fifo", 3)
-    play(cache, [1, 2, 3])
-    cache.policy.refresh(10.0)
-    play(cache, [4], t0=10)
-    assert cached(cache) == {2, 3, 4}
+    pol = _SettablePriority()
+    pol.prio = {k: 10 - k for k in range(1, 6)}  # pushed 1..5, heap top is 5
+    cache = BlockCache(5, pol)
+    play(cache, [1, 2, 3, 4, 5])
+    pol.prio = dict.fromkeys(range(1, 7), 0)  # now all tie: push order decides
+    pol.refresh(10.0)
+    play(cache, [6], t0=10)
+    assert cached(cache) == {2, 3, 4, 5, 6}
+
+
+class _EagerTwin(PriorityPolicy):
+    """The same keys as a MonotonePriorityPolicy, kept in an eagerly updated heap."""
+
+    def __init__(self, lazy) -> None:
+        super().__init__()
+        self.lazy = lazy
+        self.n = 0
+
+    def priority(self, b, now):
+        return b.pdata
+
+    def on_unpin(self, b, now):
+        self.n += 1
+        b.pdata = (self.lazy.key(b, now), self.n)
+        if not b.n_children:
+            self.push_key(b, b.pdata)
+
+    def on_leaf(self, b, now):
+        self.push_key(b, b.pdata)
+
+
+@pytest.mark.parametrize("policy", ["lfu", "size_lru", "static_semantic", "sglang_lru"])
+def test_lazy_heap_evicts_exactly_like_an_eager_heap(policy: str):
+    from skv.policies.registry import _load
+
+    cls = _load(policy)
+    for seed, cap in ((0, 8), (3, 15)):
+        logs = []
+        for pol in (cls(), _EagerTwin(cls())):
+            cache = BlockCache(cap, pol, record_evictions=True)
+            rng = random.Random(seed)
+            in_flight = []
+            for rb in _tree_trace(seed):
+                in_flight.append(cache.acquire(rb, rb.arrival_s))
+                while len(in_flight) > 3 or (in_flight and rng.random() < 0.4):
+                    cache.release(in_flight.pop(rng.randrange(len(in_flight))), rb.arrival_s)
+            logs.append(cache.eviction_log)
+        assert len(logs[0]) > 50
+        assert logs[0] == logs[1]

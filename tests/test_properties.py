@@ -23,7 +23,7 @@ T = SemanticType
 ALL_POLICIES = list(POLICIES)
 SEG_TYPES = [T.SYSTEM, T.RETRIEVED_CONTEXT, T.USER_QUERY, T.ASSISTANT_HISTORY, T.TOOL_OUTPUT]
 
-PROPERTY = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @st.composite

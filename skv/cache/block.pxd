@@ -16,8 +16,32 @@ cdef class Block:
     cdef public object pdata
     cdef public object link_prev
     cdef public object link_next
+    cdef public double pk1
+    cdef public double pk2
+    cdef public long long pseq
 
 cdef class Lease:
     cdef public list blocks
     cdef public long long hit_blocks
     cdef public long long hit_tokens
+
+cdef class GhostEntry:
+    cdef public int stype
+    cdef public double evicted_at
+    cdef public long long hits
+    cdef public int tokens
+    cdef public int pos
+    cdef public object pdata
+
+cdef class GhostList:
+    cdef public long long capacity
+    cdef dict _entries
+    cdef list _ring
+    cdef Py_ssize_t _head
+    cpdef remember(self, Block b, double now)
+    cpdef add(self, object key, object entry)
+    cpdef pop(self, object key)
+
+cpdef Block new_block(object key, object parent, int tokens, int stype, int pos, object req,
+                      double now)
+cpdef Lease new_lease(list blocks, long long hit_blocks, long long hit_tokens)

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import cython
 
@@ -20,7 +18,8 @@ class Block:
     ``next_use`` is filled by offline policies (Belady) before the block is offered to them.
     ``req`` is the request that inserted the block (session, turn, templated, segment sizes):
     metadata multi-queue policies classify blocks by. ``link_prev``/``link_next`` let an
-    ordered policy thread blocks on an intrusive list (O(1), no dict).
+    ordered policy thread blocks on an intrusive list (O(1), no dict); ``pk1``, ``pk2`` and
+    ``pseq`` hold a heap policy's current key without allocating.
     """
 
     def __init__(
@@ -49,46 +48,121 @@ class Block:
         self.pdata = None
         self.link_prev = None
         self.link_next = None
+        self.pk1 = 0.0
+        self.pk2 = 0.0
+        self.pseq = 0
 
     def __repr__(self) -> str:
         return f"Block(key={self.key:#x}, stype={self.stype}, pos={self.pos}, ref={self.ref})"
 
 
-class GhostEntry(NamedTuple):
-    """What is remembered about an evicted block, for "missed after eviction" feedback."""
+def new_block(
+    key: object,
+    parent: object,
+    tokens: cython.int,
+    stype: cython.int,
+    pos: cython.int,
+    req: object,
+    now: cython.double,
+) -> Block:
+    """``Block(...)`` without Python argument parsing (the cache creates one per miss)."""
+    if not cython.compiled:
+        return Block(key, parent, tokens, stype, pos, req, now)
+    b: Block = Block.__new__(Block)
+    b.key = key
+    b.parent = parent
+    b.tokens = tokens
+    b.stype = stype
+    b.pos = pos
+    b.req = req
+    b.inserted_at = now
+    b.last_access = now
+    return b
 
-    stype: int
-    evicted_at: float
-    hits: int
-    tokens: int
-    pos: int
+
+class GhostEntry:
+    """What is remembered about an evicted block, for "missed after eviction" feedback.
+
+    ``pdata`` is the policy's tag of the block when it was evicted (e.g. its queue).
+    """
+
+    def __init__(
+        self,
+        stype: cython.int,
+        evicted_at: cython.double,
+        hits: cython.longlong,
+        tokens: cython.int,
+        pos: cython.int,
+        pdata: object = None,
+    ) -> None:
+        self.stype = stype
+        self.evicted_at = evicted_at
+        self.hits = hits
+        self.tokens = tokens
+        self.pos = pos
+        self.pdata = pdata
+
+    def _fields(self) -> tuple:
+        return (self.stype, self.evicted_at, self.hits, self.tokens, self.pos, self.pdata)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, GhostEntry):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    def __repr__(self) -> str:
+        return (
+            f"GhostEntry(stype={self.stype}, evicted_at={self.evicted_at}, hits={self.hits}, "
+            f"tokens={self.tokens}, pos={self.pos})"
+        )
 
 
 class GhostList:
-    """A bounded FIFO of recently evicted keys (ARC-style ghost list)."""
+    """The keys evicted within the last ``capacity`` evictions (an ARC-style ghost list).
 
-    __slots__ = ("_entries", "capacity")
+    A dict for lookups plus a ring of the last ``capacity`` entries in eviction order: adding an
+    entry drops the one evicted ``capacity`` evictions earlier, if it is still there (a ghost hit
+    removes an entry early). O(1) per eviction and per lookup.
+    """
 
     def __init__(self, capacity: int) -> None:
         self.capacity = max(0, capacity)
-        self._entries: OrderedDict[int, GhostEntry] = OrderedDict()
+        self._entries: dict = {}
+        self._ring: list = [None] * self.capacity
+        self._head = 0
 
-    def add(self, key: int, entry: GhostEntry) -> None:
+    def remember(self, b: Block, now: cython.double) -> None:
+        """Record an evicted block (nothing is built when the ghost list is off)."""
         if self.capacity == 0:
             return
-        entries = self._entries
-        entries[key] = entry
-        entries.move_to_end(key)
-        if len(entries) > self.capacity:
-            entries.popitem(last=False)
+        entry: GhostEntry = GhostEntry.__new__(GhostEntry)
+        entry.stype = b.stype
+        entry.evicted_at = now
+        entry.hits = b.hits
+        entry.tokens = b.tokens
+        entry.pos = b.pos
+        entry.pdata = b.pdata
+        self.add(b.key, entry)
 
-    def pop(self, key: int) -> GhostEntry | None:
+    def add(self, key: object, entry: object) -> None:
+        if self.capacity == 0:
+            return
+        old = self._ring[self._head]
+        if old is not None:
+            old_key, old_entry = old
+            if self._entries.get(old_key) is old_entry:
+                del self._entries[old_key]
+        self._ring[self._head] = (key, entry)
+        self._head = (self._head + 1) % self.capacity
+        self._entries[key] = entry
+
+    def pop(self, key: object) -> GhostEntry | None:
         return self._entries.pop(key, None)
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def __contains__(self, key: int) -> bool:
+    def __contains__(self, key: object) -> bool:
         return key in self._entries
 
 
@@ -128,3 +202,12 @@ class Lease:
 
     def __repr__(self) -> str:
         return f"Lease(blocks={len(self.blocks)}, hit_blocks={self.hit_blocks})"
+
+
+def new_lease(blocks: list, hit_blocks: cython.longlong, hit_tokens: cython.longlong) -> Lease:
+    """``Lease(...)`` without Python argument parsing (one per request)."""
+    lease: Lease = Lease.__new__(Lease)
+    lease.blocks = blocks
+    lease.hit_blocks = hit_blocks
+    lease.hit_tokens = hit_tokens
+    return lease

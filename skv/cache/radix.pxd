@@ -1,12 +1,13 @@
 # C layout of BlockCache for the compiled hot path (see skv/_build.py); radix.py is the source.
 from skv.blocks cimport RequestBlocks
-from skv.cache.block cimport Block, Lease
+from skv.cache.block cimport Block, GhostList, Lease, new_block, new_lease
+from skv.policies.base cimport Policy
 
 cdef class BlockCache:
     cdef public long long capacity_blocks
-    cdef public object policy
+    cdef public Policy policy
     cdef public dict blocks
-    cdef public object ghost
+    cdef public GhostList ghost
     cdef public object eviction_log
     cdef long long _requests
     cdef long long _prompt_tokens
@@ -16,12 +17,17 @@ cdef class BlockCache:
     cdef long long _evictions
     cdef long long _ghost_hits
     cdef long long _uncached
-    cdef list _hit_tok_by_type
-    cdef list _hit_blk_by_type
-    cdef list _evict_by_type
+    cdef long long _hit_tok_by_type[16]
+    cdef long long _hit_blk_by_type[16]
+    cdef long long _evict_by_type[16]
     cdef dict _evict_by_reason
 
+    cdef long long _last_hit_blocks
+    cdef long long _last_hit_tokens
+
     cpdef Lease acquire(self, RequestBlocks rb, double now)
+    cdef void _acquire_into(self, RequestBlocks rb, double now, list held) except *
     cpdef release(self, Lease lease, double now)
+    cdef void _release_list(self, list held, double now) except *
     cpdef Lease access(self, RequestBlocks rb, double now)
     cdef bint _evict_one(self, double now, str reason)

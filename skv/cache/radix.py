@@ -9,8 +9,9 @@ Invariants:
   prefix keying, once per reusable segment in segment keying. Hits are counted in blocks and
   tokens, per semantic type.
 
-When a request needs more blocks than can be freed (everything else is pinned), its remaining
-blocks are computed but not cached (counted in ``stats.uncached_blocks``).
+When a request needs more blocks than can be freed (everything else is pinned), the rest of
+that chain is computed but not cached (counted in ``stats.uncached_blocks``); a later chain root
+of the same request may still hit.
 
 This module is compiled with Cython when possible (``skv._build``): it is the replay hot path.
 """
@@ -22,8 +23,19 @@ from collections.abc import Sequence
 import cython
 
 from skv.blocks import RequestBlocks
-from skv.cache.block import Block, CacheStats, GhostEntry, GhostList, Lease
+from skv.cache.block import (
+    Block,
+    CacheStats,
+    GhostList,
+    Lease,
+    new_block,
+    new_lease,
+)
 from skv.model import NUM_TYPES
+from skv.policies.base import Policy
+
+_MAX_TYPES = 16  # size of the per-type counter arrays in radix.pxd
+assert NUM_TYPES <= _MAX_TYPES
 
 
 class BlockCache:
@@ -32,7 +44,7 @@ class BlockCache:
     def __init__(
         self,
         capacity_blocks: int,
-        policy: object,
+        policy: Policy,
         *,
         ghost_capacity: int | None = None,
         record_evictions: bool = False,
@@ -45,15 +57,19 @@ class BlockCache:
         self.capacity_blocks = capacity_blocks
         self.policy = policy
         self.blocks = {}
-        self.ghost = GhostList(capacity_blocks if ghost_capacity is None else ghost_capacity)
+        if ghost_capacity is None:  # kept only for policies that learn from it (it costs time)
+            ghost_capacity = capacity_blocks if getattr(policy, "uses_ghost_list", False) else 0
+        self.ghost = GhostList(ghost_capacity)
         self.eviction_log = [] if record_evictions else None
         self._requests = self._prompt_tokens = self._hit_tokens = 0
         self._blocks = self._hit_blocks = self._evictions = 0
         self._ghost_hits = self._uncached = 0
-        self._hit_tok_by_type = [0] * NUM_TYPES
-        self._hit_blk_by_type = [0] * NUM_TYPES
-        self._evict_by_type = [0] * NUM_TYPES
+        self._last_hit_blocks = self._last_hit_tokens = 0
         self._evict_by_reason = {}
+        if not cython.compiled:  # compiled, these are zeroed C arrays (see radix.pxd)
+            self._hit_tok_by_type = [0] * _MAX_TYPES
+            self._hit_blk_by_type = [0] * _MAX_TYPES
+            self._evict_by_type = [0] * _MAX_TYPES
 
     def __len__(self) -> int:
         return len(self.blocks)
@@ -70,11 +86,19 @@ class BlockCache:
             evictions=self._evictions,
             ghost_hits=self._ghost_hits,
             uncached_blocks=self._uncached,
-            hit_tokens_by_type=list(self._hit_tok_by_type),
-            hit_blocks_by_type=list(self._hit_blk_by_type),
-            evictions_by_type=list(self._evict_by_type),
-            evictions_by_reason=dict(self._evict_by_reason),
+            hit_tokens_by_type=[self._hit_tok_by_type[t] for t in range(NUM_TYPES)],
+            hit_blocks_by_type=[self._hit_blk_by_type[t] for t in range(NUM_TYPES)],
+            evictions_by_type=[self._evict_by_type[t] for t in range(NUM_TYPES)],
+            evictions_by_reason=self._reasons(),
         )
+
+    def _reasons(self) -> dict[str, int]:
+        """Evictions by reason; capacity evictions are the ones not counted under another."""
+        out = dict(self._evict_by_reason)
+        capacity = self._evictions - sum(out.values())
+        if capacity:
+            out["capacity"] = capacity
+        return dict(sorted(out.items()))
 
     @property
     def pinned_blocks(self) -> int:
@@ -98,14 +122,19 @@ class BlockCache:
 
     def acquire(self, rb: RequestBlocks, now: cython.double) -> Lease:
         """Look the request up, pin its hits and cache its misses; returns what it holds."""
+        held: list = []
+        self._acquire_into(rb, now, held)
+        return new_lease(held, self._last_hit_blocks, self._last_hit_tokens)
+
+    def _acquire_into(self, rb: RequestBlocks, now: cython.double, held: list) -> None:
+        """``acquire``'s work, appending the held blocks to ``held`` (reused by ``replay``)."""
         blocks: dict = self.blocks
-        policy: object = self.policy
+        policy: Policy = self.policy
         keys: list = rb.keys
         parents: list = rb.parents
         tokens: list = rb.tokens
         stypes: list = rb.stypes
         next_use: object = rb.next_use
-        held: list = []
         n: cython.Py_ssize_t = len(keys)
         i: cython.Py_ssize_t
         hit_blocks: cython.longlong = 0
@@ -113,6 +142,7 @@ class BlockCache:
         tok: cython.longlong
         st: cython.Py_ssize_t
         in_run: cython.bint = False
+        uncachable: cython.bint = False
         b: Block
         parent: Block
         prev: object = None
@@ -120,6 +150,7 @@ class BlockCache:
             key = keys[i]
             if parents[i] is None:
                 in_run = True
+                uncachable = False
                 prev = None
             found = blocks.get(key)
             if found is not None:
@@ -142,12 +173,18 @@ class BlockCache:
                 self._hit_blk_by_type[st] += 1
             else:
                 in_run = False
+                if uncachable:  # its parent could not be cached: computed, not cached
+                    self._uncached += 1
+                    continue
                 # look the ghost up before evicting: the eviction may push this key out of it
                 ghost = self.ghost.pop(key) if self.ghost.capacity else None
                 if len(blocks) >= self.capacity_blocks and not self._evict_one(now, "capacity"):
-                    self._uncached += n - i
-                    break
-                b = Block(key, prev, tokens[i], stypes[i], i, rb, now)
+                    # everything left is pinned: the rest of this chain is computed, not cached
+                    # (a later chain root may still hit)
+                    self._uncached += 1
+                    uncachable = True
+                    continue
+                b = new_block(key, prev, tokens[i], stypes[i], i, rb, now)
                 if next_use is not None:
                     b.next_use = next_use[i]
                 blocks[key] = b
@@ -166,12 +203,15 @@ class BlockCache:
         self._prompt_tokens += rb.prompt_tokens
         self._hit_blocks += hit_blocks
         self._hit_tokens += hit_tokens
-        return Lease(held, hit_blocks, hit_tokens)
+        self._last_hit_blocks = hit_blocks
+        self._last_hit_tokens = hit_tokens
 
     def release(self, lease: Lease, now: cython.double):
         """Unpin a finished request's blocks, tail first (so ties evict the tail first)."""
-        policy: object = self.policy
-        held: list = lease.blocks
+        self._release_list(lease.blocks, now)
+
+    def _release_list(self, held: list, now: cython.double) -> None:
+        policy: Policy = self.policy
         i: cython.Py_ssize_t
         b: Block
         for i in range(len(held) - 1, -1, -1):
@@ -191,9 +231,12 @@ class BlockCache:
         rb: RequestBlocks
         i: cython.Py_ssize_t
         end: cython.Py_ssize_t = len(trace) if stop is None else stop
+        held: list = []
         for i in range(start, end):
             rb = trace[i]
-            self.access(rb, rb.arrival_s)
+            self._acquire_into(rb, rb.arrival_s, held)
+            self._release_list(held, rb.arrival_s)
+            del held[:]
 
     def _evict_one(self, now: cython.double, reason: str) -> cython.bint:
         found = self.policy.victim()
@@ -209,8 +252,9 @@ class BlockCache:
         b.parent = None
         self._evictions += 1
         self._evict_by_type[b.stype] += 1
-        self._evict_by_reason[reason] = self._evict_by_reason.get(reason, 0) + 1
-        self.ghost.add(b.key, GhostEntry(b.stype, now, b.hits, b.tokens, b.pos))
+        if reason != "capacity":
+            self._evict_by_reason[reason] = self._evict_by_reason.get(reason, 0) + 1
+        self.ghost.remember(b, now)
         if self.eviction_log is not None:
             self.eviction_log.append((now, b.key, b.stype, reason))
         self.policy.on_evict(b, now)

@@ -51,7 +51,8 @@ class VllmBlockPool:
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, n))
         #: hash -> physical blocks holding it, oldest first (lookups take the first)
         self.cached: dict[int, list[int]] = {}
-        self.ghost = GhostList(capacity_blocks if ghost_capacity is None else ghost_capacity)
+        # vLLM has no ghost list; keep one only when asked (for "missed after eviction" counts)
+        self.ghost = GhostList(ghost_capacity or 0)
         self.stats = CacheStats()
         self.eviction_log: list[tuple[float, int, int, str]] | None = (
             [] if record_evictions else None
@@ -116,6 +117,7 @@ class VllmBlockPool:
                 self.stype[blk] = stypes[i]
                 self.tokens[blk] = bs
                 self.cached.setdefault(key, []).append(blk)
+                self.ghost.pop(key)  # cached again: drop what evicting this very block recorded
                 if ghost is not None:
                     stats.ghost_hits += 1
         stats.requests += 1
@@ -153,12 +155,12 @@ class VllmBlockPool:
         holders.remove(blk)
         if not holders:
             del self.cached[key]
+            self.ghost.add(key, GhostEntry(self.stype[blk], now, 0, self.tokens[blk], 0))
         self.hash[blk] = None
         st = self.stype[blk]
         stats = self.stats
         stats.evictions += 1
         stats.evictions_by_type[st] += 1
         stats.evictions_by_reason["capacity"] = stats.evictions_by_reason.get("capacity", 0) + 1
-        self.ghost.add(key, GhostEntry(st, now, 0, self.tokens[blk], 0))
         if self.eviction_log is not None:
             self.eviction_log.append((now, key, st, "capacity"))

@@ -13,10 +13,11 @@ Ordering invariant: ``h * log2(score) = key(b) + h * log2(w[type]) - now`` with 
 
     key(b) = t + h * (freq_gain * log2(1 + hits) + log2(tokens / block_size))
 
-fixed at release. Blocks sit in one lazy heap per semantic type ordered by ``key``; the victim is
-the heap top minimising ``key + h * log2(w[type])`` (ties: earlier push first, so a request's
-tail goes before its head). A weight change therefore re-ranks every cached block at once, with
-no refresh and O(types) work per eviction.
+fixed at release. Blocks sit in one heap per semantic type ordered by ``key`` (kept lazily as in
+``MonotonePriorityPolicy``: keys only grow while a block is cached); the victim is the heap top
+minimising ``key + h * log2(w[type])`` (ties: earlier release first, so a request's tail goes
+before its head). A weight change therefore re-ranks every cached block at once, with no
+refresh and O(types) work per eviction.
 
 Learning (every ``update_every`` = K evictions, per type ``t`` seen in the window):
 
@@ -34,7 +35,7 @@ initial weights default to ``static_semantic``'s prior. Nothing here was tuned o
 
 from __future__ import annotations
 
-from heapq import heapify, heappop, heappush
+from heapq import heappop, heappush, heapreplace
 from math import log2
 from typing import Any
 
@@ -45,6 +46,7 @@ from skv.policies.static_semantic import resolve_weights
 
 
 class AdaptiveSemantic(Policy):
+    uses_ghost_list = True
     name = "adaptive_semantic"
 
     def __init__(
@@ -74,10 +76,10 @@ class AdaptiveSemantic(Policy):
         self.freq_gain = float(freq_gain)
         self.weights = list(self.initial_weights)
         self._offset = [self.half_life_s * log2(w) for w in self.weights]
-        self._heaps: list[list[tuple[float, int, int, Block]]] = [[] for _ in range(NUM_TYPES)]
-        self._entries = 0
+        self._heaps: list[list[tuple[tuple[float, int], int, Block]]] = [
+            [] for _ in range(NUM_TYPES)
+        ]
         self._seq = 0
-        self._live = 0
         # feedback over the current window of update_every evictions, per type
         self._evicted = [0] * NUM_TYPES
         self._evicted_reused = [0] * NUM_TYPES
@@ -85,71 +87,51 @@ class AdaptiveSemantic(Policy):
         self._window = 0
         self.updates = 0
 
-    # --- ordering -------------------------------------------------------------------------
-
-    def on_insert(self, b: Block, now: float) -> None:
-        self._live += 1
-
-    def on_pin(self, b: Block) -> None:
-        b.version += 1
+    # --- ordering (MonotonePriorityPolicy's lazy heap, one heap per type) ---------------------
 
     def on_unpin(self, b: Block, now: float) -> None:
         hits = b.hits
         value = b.tokens / b.req.block_size
         if hits:
             value *= (1 + hits) ** self.freq_gain
-        b.pdata = key = now + self.half_life_s * log2(value)
-        if b.n_children == 0:
-            self._push(b, key)
+        self._seq = seq = self._seq + 1
+        b.pdata = pdata = (now + self.half_life_s * log2(value), seq)
+        if not b.version & 1 and not b.n_children:
+            b.version = version = b.version + 1
+            heappush(self._heaps[b.stype], (pdata, version, b))
 
     def on_leaf(self, b: Block, now: float) -> None:
-        self._push(b, b.pdata)  # type: ignore[arg-type]
-
-    def _push(self, b: Block, key: float) -> None:
-        b.version = version = b.version + 1
-        self._seq = seq = self._seq + 1
-        heappush(self._heaps[b.stype], (key, seq, version, b))
-        self._entries = n = self._entries + 1
-        if n > 2 * self._live + 4096:
-            self._compact()
+        if not b.version & 1:
+            b.version = version = b.version + 1
+            heappush(self._heaps[b.stype], (b.pdata, version, b))
 
     def victim(self) -> Block | None:
-        heaps = self._heaps
-        offset = self._offset
-        best = -1
+        best_heap: list | None = None
         best_key = 0.0
         best_seq = 0
-        for t in range(NUM_TYPES):
-            heap = heaps[t]
-            while heap:
-                key, seq, version, b = heap[0]
-                if version == b.version and b.ref == 0 and b.n_children == 0:
-                    key += offset[t]
-                    if best < 0 or key < best_key or (key == best_key and seq < best_seq):
-                        best, best_key, best_seq = t, key, seq
-                    break
-                heappop(heap)
-                self._entries -= 1
-        if best < 0:
-            return None
-        b = heappop(heaps[best])[3]
-        self._entries -= 1
-        b.version += 1
-        return b
-
-    def _compact(self) -> None:
-        n = 0
+        offset = self._offset
         for t, heap in enumerate(self._heaps):
-            live = [e for e in heap if e[2] == e[3].version]
-            heapify(live)
-            self._heaps[t] = live
-            n += len(live)
-        self._entries = n
+            while heap:
+                pdata, version, b = heap[0]
+                if b.ref or b.n_children:
+                    heappop(heap)
+                    b.version = version + 1
+                elif b.pdata is not pdata:
+                    heapreplace(heap, (b.pdata, version, b))
+                else:
+                    k = pdata[0] + offset[t]
+                    if best_heap is None or k < best_key or (k == best_key and pdata[1] < best_seq):
+                        best_heap, best_key, best_seq = heap, k, pdata[1]
+                    break
+        if best_heap is None:
+            return None
+        _, version, b = heappop(best_heap)
+        b.version = version + 1
+        return b
 
     # --- learning -------------------------------------------------------------------------
 
     def on_evict(self, b: Block, now: float) -> None:
-        self._live -= 1
         t = b.stype
         self._evicted[t] += 1
         if b.hits:

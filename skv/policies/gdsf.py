@@ -22,32 +22,23 @@ from __future__ import annotations
 from typing import Any
 
 from skv.cache.block import Block
-from skv.policies.base import PriorityPolicy
+from skv.policies.base import MonotonePriorityPolicy
 
 
-class GDSF(PriorityPolicy):
+class GDSF(MonotonePriorityPolicy):
     name = "gdsf"
 
     def __init__(self) -> None:
         super().__init__()
         self.inflation = 0.0
 
-    def priority(self, b: Block, now: float) -> float:
-        return b.pdata  # type: ignore[return-value]
-
-    def on_unpin(self, b: Block, now: float) -> None:
-        b.pdata = key = self.inflation + (b.hits + 1) * b.tokens
-        if b.n_children == 0:
-            self.push_key(b, key)
-
-    def on_leaf(self, b: Block, now: float) -> None:
-        self.push_key(b, b.pdata)
+    def key(self, b: Block, now: float) -> float:
+        return self.inflation + (b.hits + 1) * b.tokens
 
     def on_evict(self, b: Block, now: float) -> None:
-        self._live -= 1
-        h = b.pdata
-        if h > self.inflation:  # type: ignore[operator]
-            self.inflation = h  # type: ignore[assignment]
+        h = b.pk1
+        if h > self.inflation:
+            self.inflation = h
 
     def metrics(self) -> dict[str, float]:
         return {"L": self.inflation}

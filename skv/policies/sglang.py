@@ -26,10 +26,10 @@ from __future__ import annotations
 from typing import Any
 
 from skv.cache.block import Block
-from skv.policies.base import PriorityPolicy
+from skv.policies.base import MonotonePriorityPolicy
 
 
-class SGLangLRU(PriorityPolicy):
+class SGLangLRU(MonotonePriorityPolicy):
     """Priority ``last_access_time`` (release time, or last hit/insert time)."""
 
     name = "sglang_lru"
@@ -38,16 +38,8 @@ class SGLangLRU(PriorityPolicy):
         super().__init__()
         self.touch_on_release = bool(touch_on_release)
 
-    def priority(self, b: Block, now: float) -> Any:
-        return b.pdata
-
-    def on_unpin(self, b: Block, now: float) -> None:
-        b.pdata = t = now if self.touch_on_release else b.last_access
-        if b.n_children == 0:
-            self.push_key(b, t)
-
-    def on_leaf(self, b: Block, now: float) -> None:
-        self.push_key(b, b.pdata)
+    def key(self, b: Block, now: float) -> float:
+        return now if self.touch_on_release else b.last_access
 
     def params(self) -> dict[str, Any]:
         return {"touch_on_release": self.touch_on_release}
@@ -58,13 +50,5 @@ class SGLangLFU(SGLangLRU):
 
     name = "sglang_lfu"
 
-    def priority(self, b: Block, now: float) -> Any:
-        return (b.hits, b.pdata)
-
-    def on_unpin(self, b: Block, now: float) -> None:
-        b.pdata = t = now if self.touch_on_release else b.last_access
-        if b.n_children == 0:
-            self.push_key(b, (b.hits, t))
-
-    def on_leaf(self, b: Block, now: float) -> None:
-        self.push_key(b, (b.hits, b.pdata))
+    def key(self, b: Block, now: float) -> tuple[int, float]:
+        return (b.hits, now if self.touch_on_release else b.last_access)

@@ -8,7 +8,7 @@ seconds later. At equal recency, blocks of small segments (one-off short texts) 
 of large documents, tool schemas or system prompts; a large block still goes once it is more than
 ``beta_s * log2(size ratio)`` seconds staler. ``beta_s = 0`` is ``lru``.
 
-The key is fixed when the block is released, so the lazy heap needs no refreshing: at any later
+The key is fixed when the block is released, so the heap needs no refreshing: at any later
 time ``now``, ranking by the key is ranking by the score ``seg_tokens * 2 ** (-(now - t) /
 beta_s)`` (a block is worth its segment size, halved every ``beta_s`` seconds it goes unused),
 because ``beta_s * log2(score) = key - now``. Ties (same key) evict in release order, a
@@ -21,10 +21,10 @@ from math import log2
 from typing import Any
 
 from skv.cache.block import Block
-from skv.policies.base import PriorityPolicy
+from skv.policies.base import MonotonePriorityPolicy
 
 
-class SizeLRU(PriorityPolicy):
+class SizeLRU(MonotonePriorityPolicy):
     name = "size_lru"
 
     def __init__(self, beta_s: float = 1.0) -> None:
@@ -33,17 +33,9 @@ class SizeLRU(PriorityPolicy):
             raise ValueError(f"size_lru: beta_s must be >= 0 seconds per doubling, got {beta_s}")
         self.beta_s = float(beta_s)
 
-    def priority(self, b: Block, now: float) -> float:
-        return b.pdata  # type: ignore[return-value]
-
-    def on_unpin(self, b: Block, now: float) -> None:
+    def key(self, b: Block, now: float) -> float:
         seg = b.req.seg_tokens[b.pos]
-        b.pdata = key = now + self.beta_s * log2(seg if seg > 1 else 1)
-        if b.n_children == 0:
-            self.push_key(b, key)
-
-    def on_leaf(self, b: Block, now: float) -> None:
-        self.push_key(b, b.pdata)
+        return now + self.beta_s * log2(seg) if seg > 1 else now
 
     def params(self) -> dict[str, Any]:
         return {"beta_s": self.beta_s}

@@ -7,7 +7,7 @@ log2(score) = key - now`` with
 
     key = t_release + half_life_s * log2(w[type])
 
-so the lazy heap stores ``key`` (fixed at release) and never needs refreshing. Read it as: a
+so the heap stores ``key`` (fixed at release) and never needs refreshing. Read it as: a
 block whose type weighs twice as much is treated as if used ``half_life_s`` seconds later. At
 equal recency a heavier type is kept; a heavy block still goes once it is staler than a light one
 by more than ``half_life_s * log2(weight ratio)``. Ties (same key) evict in release order, a
@@ -26,7 +26,7 @@ from typing import Any
 
 from skv.cache.block import Block
 from skv.model import TYPES, SemanticType
-from skv.policies.base import PriorityPolicy
+from skv.policies.base import MonotonePriorityPolicy
 
 DEFAULT_WEIGHTS: dict[str, float] = {
     SemanticType.SYSTEM.value: 8.0,
@@ -59,7 +59,7 @@ def resolve_weights(weights: dict[str, float] | None, policy: str) -> list[float
     return [merged[t.value] for t in TYPES]
 
 
-class StaticSemantic(PriorityPolicy):
+class StaticSemantic(MonotonePriorityPolicy):
     name = "static_semantic"
 
     def __init__(self, weights: dict[str, float] | None = None, half_life_s: float = 10.0) -> None:
@@ -71,16 +71,8 @@ class StaticSemantic(PriorityPolicy):
         #: per type, the key offset half_life_s * log2(w)
         self._offset = [self.half_life_s * log2(w) for w in self.weights]
 
-    def priority(self, b: Block, now: float) -> float:
-        return b.pdata  # type: ignore[return-value]
-
-    def on_unpin(self, b: Block, now: float) -> None:
-        b.pdata = key = now + self._offset[b.stype]
-        if b.n_children == 0:
-            self.push_key(b, key)
-
-    def on_leaf(self, b: Block, now: float) -> None:
-        self.push_key(b, b.pdata)
+    def key(self, b: Block, now: float) -> float:
+        return now + self._offset[b.stype]
 
     def params(self) -> dict[str, Any]:
         return {

@@ -1,0 +1,7 @@
+from skv.cache.block cimport Block
+from skv.policies.base cimport Policy
+
+cdef class LRU(Policy):
+    cdef Block _head
+    cpdef on_unpin(self, Block b, double now)
+    cpdef victim(self)

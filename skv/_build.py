@@ -15,6 +15,7 @@ HOT_PATH: tuple[str, ...] = (
     "skv/blocks.py",
     "skv/cache/block.py",
     "skv/cache/radix.py",
+    "skv/cache/vllm_pool.py",
     "skv/policies/base.py",
     "skv/policies/lru.py",
     "skv/policies/fifo.py",

@@ -89,7 +89,7 @@ def _still_held(cache: Any, snap: list) -> None:
             assert cache.ref[blk] > 0
             assert cache.hash[blk] == key, f"held block {blk} lost its hash {key}"
             if key is not None:
-                assert blk in cache.cached[key]
+                assert blk in cache.holders(key)
         return
     for b in snap:
         assert b.ref > 0

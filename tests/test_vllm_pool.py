@@ -220,7 +220,7 @@ def test_a_recomputed_block_whose_hash_is_cached_becomes_a_duplicate():
     first = pool.access(a, 0.0)
     second = pool.access(a, 1.0)
     assert len(pool) == 5  # 4 hashes, the last one held by two blocks
-    assert len(pool.cached[4]) == 2
+    assert len(pool.holders(4)) == 2
     assert second.blocks[:3] == first.blocks[:3]
     assert second.blocks[3] != first.blocks[3]
     assert pool.stats.evictions == 0
@@ -233,7 +233,7 @@ def test_evicting_one_duplicate_keeps_the_hash_cached():
     pool.access(a, 1.0)  # free queue now: old 4, dup 4, 3, 2, 1
     pool.access(full(9), 2.0)
     assert evicted(pool) == [4]
-    assert len(pool.cached[4]) == 1
+    assert len(pool.holders(4)) == 1
     assert pool.lookup(full(1, 2, 3, 4, 5)) == 4
 
 

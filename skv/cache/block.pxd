@@ -32,6 +32,7 @@ cdef class GhostEntry:
     cdef public int tokens
     cdef public int pos
     cdef public object pdata
+    cdef public object key
 
 cdef class GhostList:
     cdef public long long capacity
@@ -39,7 +40,7 @@ cdef class GhostList:
     cdef list _ring
     cdef Py_ssize_t _head
     cpdef remember(self, Block b, double now)
-    cpdef add(self, object key, object entry)
+    cpdef add(self, object key, GhostEntry entry)
     cpdef pop(self, object key)
 
 cpdef Block new_block(object key, object parent, int tokens, int stype, int pos, object req,

@@ -101,6 +101,7 @@ class GhostEntry:
         self.tokens = tokens
         self.pos = pos
         self.pdata = pdata
+        self.key = None
 
     def _fields(self) -> tuple:
         return (self.stype, self.evicted_at, self.hits, self.tokens, self.pos, self.pdata)
@@ -144,16 +145,19 @@ class GhostList:
         entry.pdata = b.pdata
         self.add(b.key, entry)
 
-    def add(self, key: object, entry: object) -> None:
+    def add(self, key: object, entry: GhostEntry) -> None:
         if self.capacity == 0:
             return
+        entry.key = key
         old = self._ring[self._head]
         if old is not None:
-            old_key, old_entry = old
-            if self._entries.get(old_key) is old_entry:
-                del self._entries[old_key]
-        self._ring[self._head] = (key, entry)
-        self._head = (self._head + 1) % self.capacity
+            gone: GhostEntry = old
+            if self._entries.get(gone.key) is gone:
+                del self._entries[gone.key]
+        self._ring[self._head] = entry
+        self._head += 1
+        if self._head == self.capacity:
+            self._head = 0
         self._entries[key] = entry
 
     def pop(self, key: object) -> GhostEntry | None:

@@ -18,16 +18,29 @@ and ``num_gpu_blocks - 1`` when they are block-aligned.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from array import array
+
+import cython
 
 from skv.blocks import RequestBlocks
-from skv.cache.block import CacheStats, GhostEntry, GhostList, Lease
+from skv.cache.block import CacheStats, GhostEntry, GhostList, Lease, new_lease
+from skv.model import NUM_TYPES
 
 NULL_BLOCK = 0
 
 
+def _zeros(n: int) -> array:
+    return array("q", bytes(8 * n))
+
+
 class VllmBlockPool:
-    """Exact vLLM prefix caching; same ``acquire``/``release`` interface as ``BlockCache``."""
+    """Exact vLLM prefix caching; same ``acquire``/``release`` interface as ``BlockCache``.
+
+    The free queue is a doubly linked list over block ids (``_prev``/``_next``, with a sentinel
+    at index ``capacity_blocks``), as vLLM's ``FreeKVCacheBlockQueue``: O(1) to take a block out,
+    pop the front, or append at either end. A block is in the queue exactly when its ``ref`` is
+    0 (the null block excepted).
+    """
 
     name = "vllm"
 
@@ -42,25 +55,97 @@ class VllmBlockPool:
             raise ValueError(
                 f"vllm needs >= 2 blocks (one is the null block), got {capacity_blocks}"
             )
-        self.capacity_blocks = capacity_blocks
         n = capacity_blocks
-        self.ref = [0] * n
-        self.hash: list[int | None] = [None] * n
-        self.stype = [0] * n
-        self.tokens = [0] * n
-        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, n))
-        #: hash -> physical blocks holding it, oldest first (lookups take the first)
-        self.cached: dict[int, list[int]] = {}
+        self.capacity_blocks = n
+        self.ref = _zeros(n)
+        self.hash = [None] * n
+        self.stype = _zeros(n)
+        self.tokens = _zeros(n)
+        self._prev = _zeros(n + 1)
+        self._next = _zeros(n + 1)
+        self._prev[n] = self._next[n] = n  # empty queue: the sentinel points at itself
+        self._nfree = 0
+        for blk in range(1, n):
+            self._push_back(blk)
+        #: hash -> the oldest block holding it (what a lookup gets)
+        self.cached = {}
+        #: hash -> later blocks holding the same hash (duplicates), oldest first
+        self._copies = {}
         # vLLM has no ghost list; keep one only when asked (for "missed after eviction" counts)
         self.ghost = GhostList(ghost_capacity or 0)
-        self.stats = CacheStats()
-        self.eviction_log: list[tuple[float, int, int, str]] | None = (
-            [] if record_evictions else None
-        )
+        self.eviction_log = [] if record_evictions else None
+        self._requests = self._prompt_tokens = self._hit_tokens = 0
+        self._blocks = self._hit_blocks = self._evictions = 0
+        self._ghost_hits = self._uncached = 0
+        self._hit_tok_by_type = [0] * NUM_TYPES
+        self._hit_blk_by_type = [0] * NUM_TYPES
+        self._evict_by_type = [0] * NUM_TYPES
+
+    # --- the free queue --------------------------------------------------------------------
+
+    def _unlink(self, blk: cython.Py_ssize_t) -> None:
+        p: cython.Py_ssize_t = self._prev[blk]
+        q: cython.Py_ssize_t = self._next[blk]
+        self._next[p] = q
+        self._prev[q] = p
+        self._nfree -= 1
+
+    def _push_back(self, blk: cython.Py_ssize_t) -> None:
+        s: cython.Py_ssize_t = self.capacity_blocks
+        last: cython.Py_ssize_t = self._prev[s]
+        self._next[last] = blk
+        self._prev[blk] = last
+        self._next[blk] = s
+        self._prev[s] = blk
+        self._nfree += 1
+
+    def _push_front(self, blk: cython.Py_ssize_t) -> None:
+        s: cython.Py_ssize_t = self.capacity_blocks
+        first: cython.Py_ssize_t = self._next[s]
+        self._prev[first] = blk
+        self._next[blk] = first
+        self._prev[blk] = s
+        self._next[s] = blk
+        self._nfree += 1
+
+    @property
+    def free(self) -> list[int]:
+        """The free queue, front (next to be reused) first."""
+        out = []
+        blk = self._next[self.capacity_blocks]
+        while blk != self.capacity_blocks:
+            out.append(blk)
+            blk = self._next[blk]
+        return out
+
+    # --- the interface shared with BlockCache ----------------------------------------------
 
     def __len__(self) -> int:
         """Blocks holding cached (hashed) content."""
-        return sum(len(v) for v in self.cached.values())
+        return len(self.cached) + sum(len(v) for v in self._copies.values())
+
+    def holders(self, key: object) -> list[int]:
+        """Every block holding ``key``, oldest first (several after a recompute)."""
+        if key not in self.cached:
+            return []
+        return [self.cached[key], *self._copies.get(key, [])]
+
+    @property
+    def stats(self) -> CacheStats:
+        return CacheStats(
+            requests=self._requests,
+            prompt_tokens=self._prompt_tokens,
+            hit_tokens=self._hit_tokens,
+            blocks=self._blocks,
+            hit_blocks=self._hit_blocks,
+            evictions=self._evictions,
+            ghost_hits=self._ghost_hits,
+            uncached_blocks=self._uncached,
+            hit_tokens_by_type=list(self._hit_tok_by_type),
+            hit_blocks_by_type=list(self._hit_blk_by_type),
+            evictions_by_type=list(self._evict_by_type),
+            evictions_by_reason={"capacity": self._evictions} if self._evictions else {},
+        )
 
     def prepare(self, trace: object) -> None:
         pass
@@ -68,47 +153,58 @@ class VllmBlockPool:
     def lookup(self, rb: RequestBlocks) -> int:
         return self._hit_count(rb)
 
-    def _hit_count(self, rb: RequestBlocks) -> int:
-        cached = self.cached
-        bs = rb.block_size
-        hits = 0
-        for key, tok in zip(rb.keys, rb.tokens, strict=True):
-            if tok != bs or key not in cached:
+    def _hit_count(self, rb: RequestBlocks) -> cython.Py_ssize_t:
+        cached: dict = self.cached
+        keys: list = rb.keys
+        tokens: list = rb.tokens
+        bs: cython.Py_ssize_t = rb.block_size
+        hits: cython.Py_ssize_t = 0
+        i: cython.Py_ssize_t
+        for i in range(len(keys)):
+            if tokens[i] != bs or keys[i] not in cached:
                 break
             hits += 1
         return min(hits, max(0, rb.prompt_tokens - 1) // bs)
 
-    def acquire(self, rb: RequestBlocks, now: float) -> Lease:
+    def acquire(self, rb: RequestBlocks, now: cython.double) -> Lease:
         if rb.parents.count(None) > 1:
             raise ValueError(
                 f"request #{rb.index}: vllm models exact prefix caching; replay it with prefix "
                 "keying (segment keying restarts chains, which vLLM cannot reuse)"
             )
-        stats = self.stats
-        bs = rb.block_size
-        keys, tokens, stypes = rb.keys, rb.tokens, rb.stypes
-        n_hit = self._hit_count(rb)
-        held: list[int] = []
-        hit_tokens = 0
+        bs: cython.Py_ssize_t = rb.block_size
+        keys: list = rb.keys
+        tokens: list = rb.tokens
+        stypes: list = rb.stypes
+        n: cython.Py_ssize_t = len(keys)
+        n_hit: cython.Py_ssize_t = self._hit_count(rb)
+        held: list = []
+        hit_tokens: cython.longlong = 0
+        i: cython.Py_ssize_t
+        blk: cython.Py_ssize_t
+        tok: cython.Py_ssize_t
+        st: cython.Py_ssize_t
         for i in range(n_hit):  # touch: a hit leaves the free queue
-            blk = self.cached[keys[i]][0]
+            blk = self.cached[keys[i]]
             if self.ref[blk] == 0:
-                del self.free[blk]
+                self._unlink(blk)
             self.ref[blk] += 1
             held.append(blk)
             tok = tokens[i]
+            st = stypes[i]
             hit_tokens += tok
-            stats.hit_tokens_by_type[stypes[i]] += tok
-            stats.hit_blocks_by_type[stypes[i]] += 1
-        for i in range(n_hit, len(keys)):
-            if not self.free:
-                stats.uncached_blocks += len(keys) - i
+            self._hit_tok_by_type[st] += tok
+            self._hit_blk_by_type[st] += 1
+        for i in range(n_hit, n):
+            if self._nfree == 0:
+                self._uncached += n - i
                 break
             key = keys[i]
-            full = tokens[i] == bs  # cache_full_blocks: only full blocks get a hash
+            full: cython.bint = tokens[i] == bs  # cache_full_blocks: only full blocks get a hash
             # look the ghost up before the eviction below can put this very key into it
-            ghost = self.ghost.pop(key) if full else None
-            blk, _ = self.free.popitem(last=False)
+            ghost = self.ghost.pop(key) if full and self.ghost.capacity else None
+            blk = self._next[self.capacity_blocks]
+            self._unlink(blk)
             self._evict_hash(blk, now)
             self.ref[blk] = 1
             held.append(blk)
@@ -116,51 +212,67 @@ class VllmBlockPool:
                 self.hash[blk] = key
                 self.stype[blk] = stypes[i]
                 self.tokens[blk] = bs
-                self.cached.setdefault(key, []).append(blk)
-                self.ghost.pop(key)  # cached again: drop what evicting this very block recorded
+                if key in self.cached:
+                    self._copies.setdefault(key, []).append(blk)
+                else:
+                    self.cached[key] = blk
+                if self.ghost.capacity:
+                    self.ghost.pop(key)  # cached again: drop what evicting this block recorded
                 if ghost is not None:
-                    stats.ghost_hits += 1
-        stats.requests += 1
-        stats.blocks += len(keys)
-        stats.prompt_tokens += rb.prompt_tokens
-        stats.hit_blocks += n_hit
-        stats.hit_tokens += hit_tokens
-        return Lease(held, n_hit, hit_tokens)
+                    self._ghost_hits += 1
+        self._requests += 1
+        self._blocks += n
+        self._prompt_tokens += rb.prompt_tokens
+        self._hit_blocks += n_hit
+        self._hit_tokens += hit_tokens
+        return new_lease(held, n_hit, hit_tokens)
 
-    def release(self, lease: Lease, now: float) -> None:
+    def release(self, lease: Lease, now: cython.double) -> None:
         """Free tail first; an unhashed (partial) block goes to the front of the queue."""
-        for blk in reversed(lease.blocks):
+        held: list = lease.blocks
+        i: cython.Py_ssize_t
+        blk: cython.Py_ssize_t
+        for i in range(len(held) - 1, -1, -1):
+            blk = held[i]
             self.ref[blk] -= 1
             if self.ref[blk] == 0:
-                self.free[blk] = None
                 if self.hash[blk] is None:
-                    self.free.move_to_end(blk, last=False)
+                    self._push_front(blk)
+                else:
+                    self._push_back(blk)
 
-    def access(self, rb: RequestBlocks, now: float) -> Lease:
-        lease = self.acquire(rb, now)
+    def access(self, rb: RequestBlocks, now: cython.double) -> Lease:
+        lease: Lease = self.acquire(rb, now)
         self.release(lease, now)
         return lease
 
     def replay(self, trace: list, start: int = 0, stop: int | None = None) -> None:
         """``access`` every request of ``trace[start:stop]`` at its arrival time."""
+        rb: RequestBlocks
+        i: cython.Py_ssize_t
         for i in range(start, len(trace) if stop is None else stop):
             rb = trace[i]
             self.access(rb, rb.arrival_s)
 
-    def _evict_hash(self, blk: int, now: float) -> None:
+    def _evict_hash(self, blk: cython.Py_ssize_t, now: cython.double) -> None:
         key = self.hash[blk]
         if key is None:
             return
-        holders = self.cached[key]
-        holders.remove(blk)
-        if not holders:
-            del self.cached[key]
-            self.ghost.add(key, GhostEntry(self.stype[blk], now, 0, self.tokens[blk], 0))
+        copies = self._copies.get(key)
+        if self.cached[key] == blk:
+            if copies:
+                self.cached[key] = copies.pop(0)
+            else:
+                del self.cached[key]
+                if self.ghost.capacity:
+                    self.ghost.add(key, GhostEntry(self.stype[blk], now, 0, self.tokens[blk], 0))
+        else:
+            copies.remove(blk)
+        if copies is not None and not copies:
+            del self._copies[key]
         self.hash[blk] = None
-        st = self.stype[blk]
-        stats = self.stats
-        stats.evictions += 1
-        stats.evictions_by_type[st] += 1
-        stats.evictions_by_reason["capacity"] = stats.evictions_by_reason.get("capacity", 0) + 1
+        st: cython.Py_ssize_t = self.stype[blk]
+        self._evictions += 1
+        self._evict_by_type[st] += 1
         if self.eviction_log is not None:
             self.eviction_log.append((now, key, st, "capacity"))

@@ -1,5 +1,6 @@
+from skv.blocks cimport RequestBlocks
 from skv.cache.block cimport Block
-from skv.policies.base cimport Policy
+from skv.policies.base cimport HeapEntry, KeyHeap, Policy
 
 cdef class AdaptiveSemantic(Policy):
     cdef public long long _seq

@@ -35,13 +35,13 @@ initial weights default to ``static_semantic``'s prior. Nothing here was tuned o
 
 from __future__ import annotations
 
-from heapq import heappop, heappush, heapreplace
-from math import log2
+from cython.cimports.libc.math import log2, pow  # C math when compiled
 from typing import Any
 
+from skv.blocks import RequestBlocks
 from skv.cache.block import Block, GhostEntry
 from skv.model import NUM_TYPES, TYPES
-from skv.policies.base import Policy
+from skv.policies.base import HeapEntry, KeyHeap, Policy
 from skv.policies.static_semantic import resolve_weights
 
 
@@ -76,9 +76,7 @@ class AdaptiveSemantic(Policy):
         self.freq_gain = float(freq_gain)
         self.weights = list(self.initial_weights)
         self._offset = [self.half_life_s * log2(w) for w in self.weights]
-        self._heaps: list[list[tuple[tuple[float, int], int, Block]]] = [
-            [] for _ in range(NUM_TYPES)
-        ]
+        self._heaps = [KeyHeap() for _ in range(NUM_TYPES)]
         self._seq = 0
         # feedback over the current window of update_every evictions, per type
         self._evicted = [0] * NUM_TYPES
@@ -90,43 +88,52 @@ class AdaptiveSemantic(Policy):
     # --- ordering (MonotonePriorityPolicy's lazy heap, one heap per type) ---------------------
 
     def on_unpin(self, b: Block, now: float) -> None:
-        hits = b.hits
-        value = b.tokens / b.req.block_size
-        if hits:
-            value *= (1 + hits) ** self.freq_gain
-        self._seq = seq = self._seq + 1
-        b.pdata = pdata = (now + self.half_life_s * log2(value), seq)
+        req: RequestBlocks = b.req
+        value = b.tokens / req.block_size
+        if b.hits:
+            value *= pow(1.0 + b.hits, self.freq_gain)
+        self._seq += 1
+        b.pk1 = now + self.half_life_s * log2(value)
+        b.pk2 = 0.0
+        b.pseq = self._seq
         if not b.version & 1 and not b.n_children:
-            b.version = version = b.version + 1
-            heappush(self._heaps[b.stype], (pdata, version, b))
+            b.version += 1
+            heap: KeyHeap = self._heaps[b.stype]
+            heap.push(b.pk1, 0.0, b.pseq, b)
 
     def on_leaf(self, b: Block, now: float) -> None:
         if not b.version & 1:
-            b.version = version = b.version + 1
-            heappush(self._heaps[b.stype], (b.pdata, version, b))
+            b.version += 1
+            heap: KeyHeap = self._heaps[b.stype]
+            heap.push(b.pk1, 0.0, b.pseq, b)
 
     def victim(self) -> Block | None:
-        best_heap: list | None = None
+        best: KeyHeap | None = None
         best_key = 0.0
         best_seq = 0
-        offset = self._offset
-        for t, heap in enumerate(self._heaps):
-            while heap:
-                pdata, version, b = heap[0]
+        heap: KeyHeap
+        e: HeapEntry
+        b: Block
+        for t in range(NUM_TYPES):
+            heap = self._heaps[t]
+            while heap._items:
+                e = heap._items[0]
+                b = e.b
                 if b.ref or b.n_children:
-                    heappop(heap)
-                    b.version = version + 1
-                elif b.pdata is not pdata:
-                    heapreplace(heap, (b.pdata, version, b))
+                    heap.pop()
+                    b.version += 1
+                elif b.pseq != e.seq:
+                    heap.replace_top(b.pk1, 0.0, b.pseq)
                 else:
-                    k = pdata[0] + offset[t]
-                    if best_heap is None or k < best_key or (k == best_key and pdata[1] < best_seq):
-                        best_heap, best_key, best_seq = heap, k, pdata[1]
+                    k = e.k1 + self._offset[t]
+                    if best is None or k < best_key or (k == best_key and e.seq < best_seq):
+                        best, best_key, best_seq = heap, k, e.seq
                     break
-        if best_heap is None:
+        if best is None:
             return None
-        _, version, b = heappop(best_heap)
-        b.version = version + 1
+        e = best.pop()
+        b = e.b
+        b.version += 1
         return b
 
     # --- learning -------------------------------------------------------------------------

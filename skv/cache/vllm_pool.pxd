@@ -1,0 +1,37 @@
+# C layout of VllmBlockPool for the compiled hot path (see skv/_build.py); vllm_pool.py is the source.
+from skv.blocks cimport RequestBlocks
+from skv.cache.block cimport GhostList, Lease, new_lease
+
+cdef class VllmBlockPool:
+    cdef public long long capacity_blocks
+    cdef public long long[:] ref
+    cdef public list hash
+    cdef public long long[:] stype
+    cdef public long long[:] tokens
+    cdef long long[:] _prev
+    cdef long long[:] _next
+    cdef Py_ssize_t _nfree
+    cdef public dict cached
+    cdef public dict _copies
+    cdef public GhostList ghost
+    cdef public object eviction_log
+    cdef long long _requests
+    cdef long long _prompt_tokens
+    cdef long long _hit_tokens
+    cdef long long _blocks
+    cdef long long _hit_blocks
+    cdef long long _evictions
+    cdef long long _ghost_hits
+    cdef long long _uncached
+    cdef list _hit_tok_by_type
+    cdef list _hit_blk_by_type
+    cdef list _evict_by_type
+
+    cdef void _unlink(self, Py_ssize_t blk)
+    cdef void _push_back(self, Py_ssize_t blk)
+    cdef void _push_front(self, Py_ssize_t blk)
+    cpdef Lease acquire(self, RequestBlocks rb, double now)
+    cpdef release(self, Lease lease, double now)
+    cpdef Lease access(self, RequestBlocks rb, double now)
+    cdef Py_ssize_t _hit_count(self, RequestBlocks rb) except -1
+    cdef void _evict_hash(self, Py_ssize_t blk, double now) except *

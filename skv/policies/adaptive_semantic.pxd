@@ -14,9 +14,9 @@ cdef class AdaptiveSemantic(Policy):
     cdef public list weights
     cdef public list _offset
     cdef public list _heaps
-    cdef public list _evicted
-    cdef public list _evicted_reused
-    cdef public list _ghost_hits
+    cdef long long _evicted[16]
+    cdef long long _evicted_reused[16]
+    cdef long long _ghost_hits[16]
     cdef public long long _window
     cdef public long long updates
     cpdef on_unpin(self, Block b, double now)

@@ -35,8 +35,10 @@ initial weights default to ``static_semantic``'s prior. Nothing here was tuned o
 
 from __future__ import annotations
 
-from cython.cimports.libc.math import log2, pow  # C math when compiled
 from typing import Any
+
+import cython
+from cython.cimports.libc.math import log2, pow  # C math when compiled
 
 from skv.blocks import RequestBlocks
 from skv.cache.block import Block, GhostEntry
@@ -79,10 +81,7 @@ class AdaptiveSemantic(Policy):
         self._heaps = [KeyHeap() for _ in range(NUM_TYPES)]
         self._seq = 0
         # feedback over the current window of update_every evictions, per type
-        self._evicted = [0] * NUM_TYPES
-        self._evicted_reused = [0] * NUM_TYPES
-        self._ghost_hits = [0] * NUM_TYPES
-        self._window = 0
+        self._reset_window()
         self.updates = 0
 
     # --- ordering (MonotonePriorityPolicy's lazy heap, one heap per type) ---------------------
@@ -114,7 +113,8 @@ class AdaptiveSemantic(Policy):
         heap: KeyHeap
         e: HeapEntry
         b: Block
-        for t in range(NUM_TYPES):
+        t: cython.Py_ssize_t
+        for t in range(len(self._heaps)):
             heap = self._heaps[t]
             while heap._items:
                 e = heap._items[0]
@@ -152,6 +152,7 @@ class AdaptiveSemantic(Policy):
 
     def _update_weights(self) -> None:
         eta = self.eta
+        t: cython.Py_ssize_t
         for t in range(NUM_TYPES):
             ev = self._evicted[t]
             gh = self._ghost_hits[t]
@@ -163,11 +164,21 @@ class AdaptiveSemantic(Policy):
             w = (1.0 - eta) * self.weights[t] + eta * target
             self.weights[t] = w
             self._offset[t] = self.half_life_s * log2(w)
-        self._evicted = [0] * NUM_TYPES
-        self._evicted_reused = [0] * NUM_TYPES
-        self._ghost_hits = [0] * NUM_TYPES
-        self._window = 0
+        self._reset_window()
         self.updates += 1
+
+    def _reset_window(self) -> None:
+        """Zero the per-type feedback counters (C arrays when compiled, see the .pxd)."""
+        if not cython.compiled:
+            self._evicted = [0] * NUM_TYPES
+            self._evicted_reused = [0] * NUM_TYPES
+            self._ghost_hits = [0] * NUM_TYPES
+        t: cython.Py_ssize_t
+        for t in range(NUM_TYPES):
+            self._evicted[t] = 0
+            self._evicted_reused[t] = 0
+            self._ghost_hits[t] = 0
+        self._window = 0
 
     def set_weights(self, weights: dict[str, float]) -> None:
         """Overwrite some type weights (by type name); every cached block is re-ranked at once."""

@@ -21,6 +21,8 @@ from enum import StrEnum
 from skv.model import TYPE_INDEX, Request, Segment, SemanticType
 
 ROOT_SEED = 0x5EED_5EED_5EED
+#: vLLM's default on GPU; hash-id traces bring their own
+DEFAULT_BLOCK_SIZE = 16
 _MASK64 = (1 << 64) - 1
 
 
@@ -52,6 +54,7 @@ class RequestBlocks:
         templated: bool,
         block_size: int,
         next_use: list | None = None,
+        prompt_tokens: int | None = None,
     ) -> None:
         self.index = index
         self.arrival_s = arrival_s
@@ -64,7 +67,9 @@ class RequestBlocks:
         self.turn = turn
         self.templated = templated
         self.block_size = block_size
-        self.prompt_tokens = sum(tokens)
+        # the whole prompt, which can exceed the blocks' tokens when a trace hashes only full
+        # blocks (the unhashed tail is always computed, never hit)
+        self.prompt_tokens = sum(tokens) if prompt_tokens is None else prompt_tokens
         self.next_use = next_use
 
     @property
@@ -144,6 +149,7 @@ def request_blocks(
         turn=request.turn or 0,
         templated=request.templated,
         block_size=block_size,
+        prompt_tokens=max(request.prompt_tokens, sum(tokens)),
     )
 
 

@@ -48,11 +48,8 @@ def _load(args: argparse.Namespace):
         requests = requests[: args.limit]
     if not requests:
         raise SystemExit(f"{args.trace}: no requests")
-    block_size = args.block_size or requests[0].hash_block_size or 16
-    if requests[0].hash_block_size and args.block_size is None:
-        block_size = requests[0].hash_block_size
-    trace = compile_trace(requests, block_size, args.mode, salt_by_tenant=args.salt_by_tenant)
-    return requests, trace, block_size
+    trace = compile_trace(requests, args.block_size, args.mode, salt_by_tenant=args.salt_by_tenant)
+    return requests, trace, trace[0].block_size
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -94,6 +91,23 @@ def cmd_check(args: argparse.Namespace) -> int:
     except Exception as exc:
         problems.append(f"traces: {exc}")
         print(f"FAILED  traces: {exc}")
+    from skv._build import build_status
+
+    status = build_status()
+    states = sorted(set(status.values()))
+    if "stale" in states:
+        stale = [rel for rel, st in status.items() if st == "stale"]
+        problems.append(f"stale compiled modules: {', '.join(stale)}")
+        print(
+            f"FAILED  compiled hot path is older than its source: {', '.join(stale)} "
+            "(rebuild: python setup.py build_ext --inplace)"
+        )
+    elif states == ["compiled"]:
+        print(f"ok      hot path compiled ({len(status)} modules)")
+    else:
+        print(
+            "info    hot path runs as plain Python (no C compiler at install): slower, same results"
+        )
     root = Path(__file__).resolve().parent.parent
     configs = sorted((root / "experiments").glob("*.yaml"))
     print(f"info    experiment configs: {len(configs)} in {root / 'experiments'}")

@@ -21,9 +21,9 @@ from typing import Any
 
 from tqdm import tqdm
 
-from skv.blocks import KeyingMode, RequestBlocks, request_blocks
+from skv.blocks import DEFAULT_BLOCK_SIZE, KeyingMode, RequestBlocks, request_blocks
 from skv.model import NUM_TYPES, TYPES, Request
-from skv.policies.registry import OFFLINE, make_cache
+from skv.policies.registry import OFFLINE, make_cache, policy_class
 from skv.sizing import Capacity
 
 log = logging.getLogger(__name__)
@@ -31,14 +31,23 @@ log = logging.getLogger(__name__)
 
 def compile_trace(
     requests: Sequence[Request],
-    block_size: int,
+    block_size: int | None = None,
     mode: KeyingMode | str = KeyingMode.PREFIX,
     *,
     salt_by_tenant: bool = False,
 ) -> list[RequestBlocks]:
-    """Blocks and keys for every request, in arrival order."""
+    """Blocks and keys for every request, in arrival order.
+
+    ``block_size=None`` takes a hash-id trace's own block size, else ``DEFAULT_BLOCK_SIZE``.
+    """
     return [
-        request_blocks(r, block_size, mode, index=i, salt_by_tenant=salt_by_tenant)
+        request_blocks(
+            r,
+            block_size or r.hash_block_size or DEFAULT_BLOCK_SIZE,
+            mode,
+            index=i,
+            salt_by_tenant=salt_by_tenant,
+        )
         for i, r in enumerate(requests)
     ]
 
@@ -207,6 +216,8 @@ def replay_trace(
     progress: bool | None = None,
 ) -> list[dict[str, Any]]:
     """Every policy at every capacity; rows in (capacity, policy) order."""
+    for policy in policies:  # fail on a bad name before hours of replay, not after
+        policy_class(policy)
     totals = trace_totals(trace)
     block_size = trace[0].block_size if trace else 1
     rows = []

@@ -396,9 +396,9 @@ class _EagerTwin(PriorityPolicy):
 
 @pytest.mark.parametrize("policy", ["lfu", "size_lru", "static_semantic", "sglang_lru"])
 def test_lazy_heap_evicts_exactly_like_an_eager_heap(policy: str):
-    from skv.policies.registry import _load
+    from skv.policies.registry import policy_class
 
-    cls = _load(policy)
+    cls = policy_class(policy)
     for seed, cap in ((0, 8), (3, 15)):
         logs = []
         for pol in (cls(), _EagerTwin(cls())):

@@ -29,7 +29,7 @@ POLICIES: dict[str, str] = {
 OFFLINE = frozenset({"belady"})
 
 
-def _load(name: str) -> Any:
+def policy_class(name: str) -> Any:
     try:
         target = POLICIES[name]
     except KeyError:
@@ -48,7 +48,7 @@ def make_cache(
     from skv.cache.radix import BlockCache
     from skv.cache.vllm_pool import VllmBlockPool
 
-    cls = _load(name)
+    cls = policy_class(name)
     if cls is VllmBlockPool:
         if params:
             raise ValueError(f"policy 'vllm' takes no parameters, got {sorted(params)}")
@@ -63,5 +63,5 @@ def make_cache(
 def check_all() -> list[str]:
     """Import every registered policy; returns the names (raises on the first broken one)."""
     for name in POLICIES:
-        _load(name)
+        policy_class(name)
     return list(POLICIES)

@@ -15,10 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from skv.blocks import KeyingMode, request_blocks
+from skv.blocks import KeyingMode
 from skv.model import TYPES, Request, SemanticType
-
-DEFAULT_BLOCK_SIZE = 16
 
 
 def trace_info(
@@ -27,31 +25,16 @@ def trace_info(
     mode: KeyingMode | str = "prefix",
 ) -> dict[str, Any]:
     """Summary numbers of a trace (see module docstring); JSON-friendly values."""
+    from skv.replay import compile_trace, trace_totals
+
     mode = KeyingMode(mode)
-    seen: set[int] = set()
-    block_accesses = hit_blocks = block_tokens = hit_tokens = 0
-    prompt_tokens = output_tokens = 0
+    trace = compile_trace(requests, block_size, mode)
+    totals = trace_totals(trace)
     type_tokens: dict[SemanticType, int] = {}
-    block_sizes: set[int] = set()
-    sessions: set[str] = set()
-    for i, req in enumerate(requests):
-        bs = req.hash_block_size if req.hash_ids is not None and req.hash_block_size else None
-        rb = request_blocks(req, bs or block_size or DEFAULT_BLOCK_SIZE, mode, index=i)
-        block_sizes.add(rb.block_size)
-        for key, tok in zip(rb.keys, rb.tokens, strict=True):
-            block_accesses += 1
-            block_tokens += tok
-            if key in seen:
-                hit_blocks += 1
-                hit_tokens += tok
-            else:
-                seen.add(key)
-        prompt_tokens += req.prompt_tokens
-        output_tokens += req.output_tokens
+    for req in requests:
         for seg in req.segments:
             type_tokens[seg.stype] = type_tokens.get(seg.stype, 0) + seg.num_tokens
-        if req.session_id is not None:
-            sessions.add(req.session_id)
+    sessions = {r.session_id for r in requests if r.session_id is not None}
     arrivals = [r.arrival_s for r in requests]
     span = (max(arrivals) - min(arrivals)) if arrivals else 0.0
     total_typed = sum(type_tokens.values())
@@ -59,15 +42,15 @@ def trace_info(
         "requests": len(requests),
         "sessions": len(sessions),
         "span_s": span,
-        "prompt_tokens": prompt_tokens,
-        "output_tokens": output_tokens,
+        "prompt_tokens": totals.prompt_tokens,
+        "output_tokens": sum(r.output_tokens for r in requests),
         "mode": str(mode),
-        "block_size": sorted(block_sizes),
-        "block_accesses": block_accesses,
-        "block_tokens": block_tokens,
-        "unique_blocks": len(seen),
-        "hit_ceiling_blocks": hit_blocks / block_accesses if block_accesses else 0.0,
-        "hit_ceiling_tokens": hit_tokens / block_tokens if block_tokens else 0.0,
+        "block_size": sorted({rb.block_size for rb in trace}),
+        "block_accesses": totals.block_accesses,
+        "block_tokens": sum(totals.tokens_by_type),
+        "unique_blocks": totals.unique_blocks,
+        "hit_ceiling_blocks": totals.ceiling_block_hit_rate,
+        "hit_ceiling_tokens": totals.ceiling_token_hit_rate,
         "type_mix": {
             str(t): type_tokens[t] / total_typed
             for t in TYPES

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from skv.blocks import KeyingMode, RequestBlocks, request_blocks
+from skv.blocks import DEFAULT_BLOCK_SIZE, KeyingMode, RequestBlocks, request_blocks
 from skv.model import Request
 from skv.traces._common import PathLike, atomic_write
 
@@ -38,7 +38,6 @@ ORACLE_DTYPE = np.dtype(
 )
 assert ORACLE_DTYPE.itemsize == 24
 
-DEFAULT_BLOCK_SIZE = 16
 _U32 = (1 << 32) - 1
 
 

@@ -1,0 +1,101 @@
+"""The ``skv`` command line, end to end on the small fixture traces."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from skv.cli import main
+
+DATA = Path(__file__).parent / "data"
+MOONCAKE = DATA / "mooncake_tiny.jsonl"
+
+
+def test_check_verifies_the_install(capsys):
+    assert main(["check"]) == 0
+    out = capsys.readouterr().out
+    assert "policies: " in out and "lru" in out and "belady" in out
+    assert "skv is installed correctly" in out
+
+
+def test_every_subcommand_has_help(capsys):
+    for argv in (["--help"], ["replay", "--help"], ["traces", "info", "--help"], ["check", "-h"]):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 0
+    assert "--capacity" in capsys.readouterr().out
+
+
+def test_traces_info_prints_the_reuse_ceiling(capsys):
+    assert main(["traces", "info", str(MOONCAKE)]) == 0
+    out = capsys.readouterr().out
+    assert "requests" in out and "hit ceiling" in out and "unique blocks" in out
+
+
+def test_replay_writes_csv_and_json_per_policy_and_capacity(tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["replay", str(MOONCAKE), "--policies", "lru", "vllm", "belady", "--quiet"]
+    argv += ["--capacity", "50%", "--capacity", "2", "--output", str(out)]
+    assert main(argv) == 0
+    rows = list(csv.DictReader((out / "replay_results.csv").open()))
+    assert [(r["capacity"], r["policy"]) for r in rows] == [
+        ("50%", "lru"),
+        ("50%", "vllm"),
+        ("50%", "belady"),
+        ("2", "lru"),
+        ("2", "vllm"),
+        ("2", "belady"),
+    ]
+    for r in rows:
+        assert 0.0 <= float(r["token_hit_rate"]) <= float(r["ceiling_token_hit_rate"])
+        assert 0.0 <= float(r["block_hit_rate"]) <= 1.0
+    payload = json.loads((out / "replay_results.json").read_text())
+    first = payload["results"][0]
+    assert {"token_hit_rate", "block_hit_rate", "evictions_by_type", "hit_rate_by_type"} <= set(
+        first
+    )
+    assert "simulated" in payload["meta"]["simulated"]
+    assert "lru" in capsys.readouterr().out
+
+
+def test_replay_is_byte_identical_across_runs(tmp_path):
+    outs = []
+    for name in ("a", "b"):
+        out = tmp_path / name
+        argv = ["replay", str(MOONCAKE), "--policies", "lru", "adaptive_semantic", "--quiet"]
+        assert main([*argv, "--capacity", "3", "--output", str(out)]) == 0
+        outs.append(((out / "replay_results.csv").read_bytes(), (out / "replay_results.json")))
+    assert outs[0][0] == outs[1][0]
+    assert outs[0][1].read_bytes() == outs[1][1].read_bytes()
+
+
+def test_byte_capacity_needs_a_model(tmp_path, capsys):
+    argv = ["replay", str(MOONCAKE), "--capacity", "30GB", "--output", str(tmp_path / "x")]
+    assert main(argv) == 2
+    assert "--model" in capsys.readouterr().err
+    assert main([*argv, "--model", "llama-3.1-8b", "--quiet"]) == 0
+
+
+def test_an_unknown_policy_is_a_clear_error(tmp_path, capsys):
+    argv = ["replay", str(MOONCAKE), "--policies", "nope", "--output", str(tmp_path / "x")]
+    assert main(argv) == 2
+    assert "unknown policy 'nope'" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_malformed_trace_names_the_file_and_line(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(MOONCAKE.read_text().splitlines()[0] + "\n{not json\n")
+    assert main(["traces", "info", str(bad), "--format", "mooncake"]) == 2
+    assert f"{bad}:2" in capsys.readouterr().err
+
+
+def test_convert_round_trips_through_the_native_format(tmp_path):
+    native = tmp_path / "t.jsonl"
+    assert main(["traces", "convert", str(MOONCAKE), "--to", "skv", str(native)]) == 0
+    oracle = tmp_path / "t.bin"
+    assert main(["traces", "convert", str(native), "--to", "oracle_general", str(oracle)]) == 0
+    assert oracle.stat().st_size % 24 == 0 and oracle.stat().st_size > 0

@@ -459,3 +459,16 @@ def test_hooks_a_policy_leaves_as_no_ops_are_still_correct():
         cache.access(rb(keys), float(i))
         assert len(cache) <= 3
         check_tree(cache)
+
+
+def test_every_request_is_announced_to_the_policy_before_its_lookup():
+    seen = []
+
+    class Announced(LRU):
+        def on_request(self, r, now):
+            seen.append((r.index, now, len(self_cache.blocks)))
+
+    self_cache = BlockCache(4, Announced())
+    self_cache.access(rb([1, 2], index=0), 0.0)
+    self_cache.access(rb([1, 3], index=1), 1.0)
+    assert seen == [(0, 0.0, 0), (1, 1.0, 2)]

@@ -136,6 +136,7 @@ class BlockCache:
         stypes: list = rb.stypes
         next_use: object = rb.next_use
         n: cython.Py_ssize_t = len(keys)
+        policy.on_request(rb, now)
         i: cython.Py_ssize_t
         hit_blocks: cython.longlong = 0
         hit_tokens: cython.longlong = 0

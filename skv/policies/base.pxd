@@ -1,8 +1,10 @@
 # C layout of the policy base classes for the compiled hot path (see skv/_build.py).
 # base.py is the source; Python subclasses need no .pxd (they run as ordinary Python).
+from skv.blocks cimport RequestBlocks
 from skv.cache.block cimport Block
 
 cdef class Policy:
+    cpdef on_request(self, RequestBlocks rb, double now)
     cpdef on_insert(self, Block b, double now)
     cpdef on_hit(self, Block b, double now)
     cpdef on_pin(self, Block b)

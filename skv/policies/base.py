@@ -4,6 +4,7 @@ The cache owns the blocks, the tree, pinning and capacity; a policy only keeps a
 blocks the cache offers it (SGLang's split: policies know *what to prefer*, the cache knows *how
 to evict*). The cache calls, for every block:
 
+- ``on_request(rb, now)`` when a request arrives, before its lookup (sessions, turn gaps),
 - ``on_insert(b, now)`` when the block is first cached (it is pinned at that moment),
 - ``on_hit(b, now)`` when a request reuses it (pinned),
 - ``on_pin(b)`` when its pin count goes 0 -> 1, ``on_unpin(b, now)`` when it goes back to 0,
@@ -40,6 +41,9 @@ class Policy:
     leaf_only: ClassVar[bool] = True
     #: The cache keeps a ghost list of evicted keys only for policies that learn from it.
     uses_ghost_list: ClassVar[bool] = False
+
+    def on_request(self, rb: RequestBlocks, now: float) -> None:
+        pass
 
     def on_insert(self, b: Block, now: float) -> None:
         pass

@@ -46,3 +46,22 @@ cdef class GhostList:
 cpdef Block new_block(object key, object parent, int tokens, int stype, int pos, object req,
                       double now)
 cpdef Lease new_lease(list blocks, long long hit_blocks, long long hit_tokens)
+
+cdef class Counters:
+    cdef public long long requests
+    cdef public long long prompt_tokens
+    cdef public long long hit_tokens
+    cdef public long long blocks
+    cdef public long long hit_blocks
+    cdef public long long evictions
+    cdef public long long ghost_hits
+    cdef public long long uncached
+    cdef long long hit_tok_by_type[16]
+    cdef long long hit_blk_by_type[16]
+    cdef long long evict_by_type[16]
+    cdef dict evict_by_reason
+    cdef void request(self, long long blocks, long long prompt_tokens, long long hit_blocks,
+                      long long hit_tokens)
+    cdef void hit(self, Py_ssize_t stype, long long tokens)
+    cdef void eviction(self, Py_ssize_t stype, str reason) except *
+    cpdef snapshot(self)

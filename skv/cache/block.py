@@ -8,6 +8,9 @@ import cython
 
 from skv.model import NUM_TYPES
 
+MAX_TYPES = 16  # size of the per-type counter arrays in block.pxd
+assert NUM_TYPES <= MAX_TYPES
+
 
 class Block:
     """One cached KV block; the replay loop touches these millions of times (a C struct when
@@ -168,6 +171,69 @@ class GhostList:
 
     def __contains__(self, key: object) -> bool:
         return key in self._entries
+
+
+class Counters:
+    """The counters every cache keeps, as C integers on the hot path (see block.pxd).
+
+    Per-type counters are indexed by ``TYPE_INDEX``; ``snapshot()`` turns them into the
+    ``CacheStats`` a replay reports. Capacity evictions are the ones counted under no other
+    reason.
+    """
+
+    def __init__(self) -> None:
+        self.requests = self.prompt_tokens = self.hit_tokens = 0
+        self.blocks = self.hit_blocks = self.evictions = 0
+        self.ghost_hits = self.uncached = 0
+        self.evict_by_reason = {}
+        if not cython.compiled:  # compiled, these are zeroed C arrays
+            self.hit_tok_by_type = [0] * MAX_TYPES
+            self.hit_blk_by_type = [0] * MAX_TYPES
+            self.evict_by_type = [0] * MAX_TYPES
+
+    def request(
+        self,
+        blocks: cython.longlong,
+        prompt_tokens: cython.longlong,
+        hit_blocks: cython.longlong,
+        hit_tokens: cython.longlong,
+    ) -> None:
+        self.requests += 1
+        self.blocks += blocks
+        self.prompt_tokens += prompt_tokens
+        self.hit_blocks += hit_blocks
+        self.hit_tokens += hit_tokens
+
+    def hit(self, stype: cython.Py_ssize_t, tokens: cython.longlong) -> None:
+        self.hit_tok_by_type[stype] += tokens
+        self.hit_blk_by_type[stype] += 1
+
+    def eviction(self, stype: cython.Py_ssize_t, reason: str) -> None:
+        self.evictions += 1
+        self.evict_by_type[stype] += 1
+        if reason != "capacity":
+            self.evict_by_reason[reason] = self.evict_by_reason.get(reason, 0) + 1
+
+    def snapshot(self) -> CacheStats:
+        reasons = dict(self.evict_by_reason)
+        capacity = self.evictions - sum(reasons.values())
+        if capacity:
+            reasons["capacity"] = capacity
+        t: cython.Py_ssize_t
+        return CacheStats(
+            requests=self.requests,
+            prompt_tokens=self.prompt_tokens,
+            hit_tokens=self.hit_tokens,
+            blocks=self.blocks,
+            hit_blocks=self.hit_blocks,
+            evictions=self.evictions,
+            ghost_hits=self.ghost_hits,
+            uncached_blocks=self.uncached,
+            hit_tokens_by_type=[self.hit_tok_by_type[t] for t in range(NUM_TYPES)],
+            hit_blocks_by_type=[self.hit_blk_by_type[t] for t in range(NUM_TYPES)],
+            evictions_by_type=[self.evict_by_type[t] for t in range(NUM_TYPES)],
+            evictions_by_reason=dict(sorted(reasons.items())),
+        )
 
 
 @dataclass

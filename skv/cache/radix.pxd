@@ -1,6 +1,6 @@
 # C layout of BlockCache for the compiled hot path (see skv/_build.py); radix.py is the source.
 from skv.blocks cimport RequestBlocks
-from skv.cache.block cimport Block, GhostList, Lease, new_block, new_lease
+from skv.cache.block cimport Block, Counters, GhostList, Lease, new_block, new_lease
 from skv.policies.base cimport Policy
 
 cdef class BlockCache:
@@ -9,18 +9,7 @@ cdef class BlockCache:
     cdef public dict blocks
     cdef public GhostList ghost
     cdef public object eviction_log
-    cdef long long _requests
-    cdef long long _prompt_tokens
-    cdef long long _hit_tokens
-    cdef long long _blocks
-    cdef long long _hit_blocks
-    cdef long long _evictions
-    cdef long long _ghost_hits
-    cdef long long _uncached
-    cdef long long _hit_tok_by_type[16]
-    cdef long long _hit_blk_by_type[16]
-    cdef long long _evict_by_type[16]
-    cdef dict _evict_by_reason
+    cdef public Counters counters
 
     cdef long long _last_hit_blocks
     cdef long long _last_hit_tokens

@@ -26,16 +26,13 @@ from skv.blocks import RequestBlocks
 from skv.cache.block import (
     Block,
     CacheStats,
+    Counters,
     GhostList,
     Lease,
     new_block,
     new_lease,
 )
-from skv.model import NUM_TYPES
 from skv.policies.base import Policy
-
-_MAX_TYPES = 16  # size of the per-type counter arrays in radix.pxd
-assert NUM_TYPES <= _MAX_TYPES
 
 
 class BlockCache:
@@ -61,15 +58,8 @@ class BlockCache:
             ghost_capacity = capacity_blocks if getattr(policy, "uses_ghost_list", False) else 0
         self.ghost = GhostList(ghost_capacity)
         self.eviction_log = [] if record_evictions else None
-        self._requests = self._prompt_tokens = self._hit_tokens = 0
-        self._blocks = self._hit_blocks = self._evictions = 0
-        self._ghost_hits = self._uncached = 0
+        self.counters = Counters()
         self._last_hit_blocks = self._last_hit_tokens = 0
-        self._evict_by_reason = {}
-        if not cython.compiled:  # compiled, these are zeroed C arrays (see radix.pxd)
-            self._hit_tok_by_type = [0] * _MAX_TYPES
-            self._hit_blk_by_type = [0] * _MAX_TYPES
-            self._evict_by_type = [0] * _MAX_TYPES
 
     def __len__(self) -> int:
         return len(self.blocks)
@@ -77,28 +67,7 @@ class BlockCache:
     @property
     def stats(self) -> CacheStats:
         """A snapshot of the counters (the hot loop keeps them as plain C integers)."""
-        return CacheStats(
-            requests=self._requests,
-            prompt_tokens=self._prompt_tokens,
-            hit_tokens=self._hit_tokens,
-            blocks=self._blocks,
-            hit_blocks=self._hit_blocks,
-            evictions=self._evictions,
-            ghost_hits=self._ghost_hits,
-            uncached_blocks=self._uncached,
-            hit_tokens_by_type=[self._hit_tok_by_type[t] for t in range(NUM_TYPES)],
-            hit_blocks_by_type=[self._hit_blk_by_type[t] for t in range(NUM_TYPES)],
-            evictions_by_type=[self._evict_by_type[t] for t in range(NUM_TYPES)],
-            evictions_by_reason=self._reasons(),
-        )
-
-    def _reasons(self) -> dict[str, int]:
-        """Evictions by reason; capacity evictions are the ones not counted under another."""
-        out = dict(self._evict_by_reason)
-        capacity = self._evictions - sum(out.values())
-        if capacity:
-            out["capacity"] = capacity
-        return dict(sorted(out.items()))
+        return self.counters.snapshot()
 
     @property
     def pinned_blocks(self) -> int:
@@ -170,19 +139,18 @@ class BlockCache:
                 st = stypes[i]
                 hit_blocks += 1
                 hit_tokens += tok
-                self._hit_tok_by_type[st] += tok
-                self._hit_blk_by_type[st] += 1
+                self.counters.hit(st, tok)
             else:
                 in_run = False
                 if uncachable:  # its parent could not be cached: computed, not cached
-                    self._uncached += 1
+                    self.counters.uncached += 1
                     continue
                 # look the ghost up before evicting: the eviction may push this key out of it
                 ghost = self.ghost.pop(key) if self.ghost.capacity else None
                 if len(blocks) >= self.capacity_blocks and not self._evict_one(now, "capacity"):
                     # everything left is pinned: the rest of this chain is computed, not cached
                     # (a later chain root may still hit)
-                    self._uncached += 1
+                    self.counters.uncached += 1
                     uncachable = True
                     continue
                 b = new_block(key, prev, tokens[i], stypes[i], i, rb, now)
@@ -195,15 +163,11 @@ class BlockCache:
                 b.ref = 1
                 policy.on_insert(b, now)
                 if ghost is not None:
-                    self._ghost_hits += 1
+                    self.counters.ghost_hits += 1
                     policy.on_ghost_hit(b, ghost, now)
             held.append(b)
             prev = b
-        self._requests += 1
-        self._blocks += n
-        self._prompt_tokens += rb.prompt_tokens
-        self._hit_blocks += hit_blocks
-        self._hit_tokens += hit_tokens
+        self.counters.request(n, rb.prompt_tokens, hit_blocks, hit_tokens)
         self._last_hit_blocks = hit_blocks
         self._last_hit_tokens = hit_tokens
 
@@ -251,10 +215,7 @@ class BlockCache:
             if parent.n_children == 0 and parent.ref == 0:
                 self.policy.on_leaf(parent, now)
         b.parent = None
-        self._evictions += 1
-        self._evict_by_type[b.stype] += 1
-        if reason != "capacity":
-            self._evict_by_reason[reason] = self._evict_by_reason.get(reason, 0) + 1
+        self.counters.eviction(b.stype, reason)
         self.ghost.remember(b, now)
         if self.eviction_log is not None:
             self.eviction_log.append((now, b.key, b.stype, reason))

@@ -1,6 +1,6 @@
 # C layout of VllmBlockPool for the compiled hot path (see skv/_build.py); vllm_pool.py is the source.
 from skv.blocks cimport RequestBlocks
-from skv.cache.block cimport GhostList, Lease, new_lease
+from skv.cache.block cimport Counters, GhostList, Lease, new_lease
 
 cdef class VllmBlockPool:
     cdef public long long capacity_blocks
@@ -15,17 +15,7 @@ cdef class VllmBlockPool:
     cdef public dict _copies
     cdef public GhostList ghost
     cdef public object eviction_log
-    cdef long long _requests
-    cdef long long _prompt_tokens
-    cdef long long _hit_tokens
-    cdef long long _blocks
-    cdef long long _hit_blocks
-    cdef long long _evictions
-    cdef long long _ghost_hits
-    cdef long long _uncached
-    cdef list _hit_tok_by_type
-    cdef list _hit_blk_by_type
-    cdef list _evict_by_type
+    cdef public Counters counters
 
     cdef void _unlink(self, Py_ssize_t blk)
     cdef void _push_back(self, Py_ssize_t blk)

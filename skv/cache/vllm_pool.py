@@ -23,8 +23,7 @@ from array import array
 import cython
 
 from skv.blocks import RequestBlocks
-from skv.cache.block import CacheStats, GhostEntry, GhostList, Lease, new_lease
-from skv.model import NUM_TYPES
+from skv.cache.block import CacheStats, Counters, GhostEntry, GhostList, Lease, new_lease
 
 NULL_BLOCK = 0
 
@@ -74,12 +73,7 @@ class VllmBlockPool:
         # vLLM has no ghost list; keep one only when asked (for "missed after eviction" counts)
         self.ghost = GhostList(ghost_capacity or 0)
         self.eviction_log = [] if record_evictions else None
-        self._requests = self._prompt_tokens = self._hit_tokens = 0
-        self._blocks = self._hit_blocks = self._evictions = 0
-        self._ghost_hits = self._uncached = 0
-        self._hit_tok_by_type = [0] * NUM_TYPES
-        self._hit_blk_by_type = [0] * NUM_TYPES
-        self._evict_by_type = [0] * NUM_TYPES
+        self.counters = Counters()
 
     # --- the free queue --------------------------------------------------------------------
 
@@ -132,20 +126,7 @@ class VllmBlockPool:
 
     @property
     def stats(self) -> CacheStats:
-        return CacheStats(
-            requests=self._requests,
-            prompt_tokens=self._prompt_tokens,
-            hit_tokens=self._hit_tokens,
-            blocks=self._blocks,
-            hit_blocks=self._hit_blocks,
-            evictions=self._evictions,
-            ghost_hits=self._ghost_hits,
-            uncached_blocks=self._uncached,
-            hit_tokens_by_type=list(self._hit_tok_by_type),
-            hit_blocks_by_type=list(self._hit_blk_by_type),
-            evictions_by_type=list(self._evict_by_type),
-            evictions_by_reason={"capacity": self._evictions} if self._evictions else {},
-        )
+        return self.counters.snapshot()
 
     def prepare(self, trace: object) -> None:
         pass
@@ -193,11 +174,10 @@ class VllmBlockPool:
             tok = tokens[i]
             st = stypes[i]
             hit_tokens += tok
-            self._hit_tok_by_type[st] += tok
-            self._hit_blk_by_type[st] += 1
+            self.counters.hit(st, tok)
         for i in range(n_hit, n):
             if self._nfree == 0:
-                self._uncached += n - i
+                self.counters.uncached += n - i
                 break
             key = keys[i]
             full: cython.bint = tokens[i] == bs  # cache_full_blocks: only full blocks get a hash
@@ -219,12 +199,8 @@ class VllmBlockPool:
                 if self.ghost.capacity:
                     self.ghost.pop(key)  # cached again: drop what evicting this block recorded
                 if ghost is not None:
-                    self._ghost_hits += 1
-        self._requests += 1
-        self._blocks += n
-        self._prompt_tokens += rb.prompt_tokens
-        self._hit_blocks += n_hit
-        self._hit_tokens += hit_tokens
+                    self.counters.ghost_hits += 1
+        self.counters.request(n, rb.prompt_tokens, n_hit, hit_tokens)
         return new_lease(held, n_hit, hit_tokens)
 
     def release(self, lease: Lease, now: cython.double) -> None:
@@ -272,7 +248,6 @@ class VllmBlockPool:
             del self._copies[key]
         self.hash[blk] = None
         st: cython.Py_ssize_t = self.stype[blk]
-        self._evictions += 1
-        self._evict_by_type[st] += 1
+        self.counters.eviction(st, "capacity")
         if self.eviction_log is not None:
             self.eviction_log.append((now, key, st, "capacity"))

@@ -219,7 +219,6 @@ class Counters:
         capacity = self.evictions - sum(reasons.values())
         if capacity:
             reasons["capacity"] = capacity
-        t: cython.Py_ssize_t
         return CacheStats(
             requests=self.requests,
             prompt_tokens=self.prompt_tokens,

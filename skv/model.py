@@ -103,6 +103,9 @@ class Request:
     hash_block_size: int | None = None
     observed_ttft_ms: float | None = None
     observed_cached_tokens: int | None = None
+    #: content identity of the generated answer, when known (a later turn that quotes the
+    #: answer verbatim can then hit the answer's KV blocks); None = unique content
+    output_hash: str | None = None
     extra: dict[str, object] = field(default_factory=dict)
 
     @property

@@ -75,6 +75,7 @@ class RequestRecord(BaseModel):
     hash_block_size: int | None = Field(default=None, gt=0)
     observed_ttft_ms: float | None = Field(default=None, allow_inf_nan=False)
     observed_cached_tokens: int | None = Field(default=None, ge=0)
+    output_hash: str | None = None
     extra: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -103,6 +104,7 @@ def _to_request(rec: RequestRecord) -> Request:
         hash_block_size=rec.hash_block_size,
         observed_ttft_ms=rec.observed_ttft_ms,
         observed_cached_tokens=rec.observed_cached_tokens,
+        output_hash=rec.output_hash,
         extra=rec.extra,
     )
 
@@ -133,6 +135,7 @@ def _to_record(req: Request) -> RequestRecord:
             "hash_block_size": req.hash_block_size,
             "observed_ttft_ms": req.observed_ttft_ms,
             "observed_cached_tokens": req.observed_cached_tokens,
+            "output_hash": req.output_hash,
             "extra": req.extra,
         },
         strict=False,

@@ -11,11 +11,13 @@ cdef class BlockCache:
     cdef public object eviction_log
     cdef public Counters counters
 
+    cdef long long _pinned
     cdef long long _last_hit_blocks
     cdef long long _last_hit_tokens
 
     cpdef Lease acquire(self, RequestBlocks rb, double now)
-    cdef void _acquire_into(self, RequestBlocks rb, double now, list held) except *
+    cdef void _acquire_into(self, RequestBlocks rb, double now, list held, Py_ssize_t start,
+                            bint count) except *
     cpdef release(self, Lease lease, double now)
     cdef void _release_list(self, list held, double now) except *
     cpdef Lease access(self, RequestBlocks rb, double now)

@@ -59,6 +59,7 @@ class BlockCache:
         self.ghost = GhostList(ghost_capacity)
         self.eviction_log = [] if record_evictions else None
         self.counters = Counters()
+        self._pinned = 0
         self._last_hit_blocks = self._last_hit_tokens = 0
 
     def __len__(self) -> int:
@@ -70,8 +71,14 @@ class BlockCache:
         return self.counters.snapshot()
 
     @property
+    def usable_blocks(self) -> int:
+        """Blocks that can hold KV."""
+        return self.capacity_blocks
+
+    @property
     def pinned_blocks(self) -> int:
-        return sum(1 for b in self.blocks.values() if b.ref > 0)
+        """Blocks held by in-flight requests; every other cached block can be evicted."""
+        return self._pinned
 
     def prepare(self, trace: Sequence[RequestBlocks]) -> None:
         self.policy.prepare(trace)
@@ -92,11 +99,33 @@ class BlockCache:
     def acquire(self, rb: RequestBlocks, now: cython.double) -> Lease:
         """Look the request up, pin its hits and cache its misses; returns what it holds."""
         held: list = []
-        self._acquire_into(rb, now, held)
+        self._acquire_into(rb, now, held, 0, True)
         return new_lease(held, self._last_hit_blocks, self._last_hit_tokens)
 
-    def _acquire_into(self, rb: RequestBlocks, now: cython.double, held: list) -> None:
-        """``acquire``'s work, appending the held blocks to ``held`` (reused by ``replay``)."""
+    def extend(self, lease: Lease, rb: RequestBlocks, start: int, now: float) -> None:
+        """Grow an in-flight request by blocks ``start:`` of ``rb`` (its prompt plus generated
+        output; block ``start - 1`` is the lease's), pinned with the rest of the lease and not
+        counted as lookups or hits."""
+        if (
+            start == 0
+            or start >= len(rb.keys)
+            or len(lease.blocks) < start
+            or lease.blocks[start - 1].key != rb.parents[start]
+        ):
+            return  # the chain the output continues is not cached: neither can the output be
+        self._acquire_into(rb, now, lease.blocks, start, False)
+
+    def _acquire_into(
+        self,
+        rb: RequestBlocks,
+        now: cython.double,
+        held: list,
+        start: cython.Py_ssize_t,
+        count: cython.bint,
+    ) -> None:
+        """``acquire``'s work from block ``start`` on, appending what it pins to ``held``; a
+        non-zero ``start`` continues the chain of ``held[start - 1]``. ``count``: a new request
+        (lookups and hits are counted)."""
         blocks: dict = self.blocks
         policy: Policy = self.policy
         keys: list = rb.keys
@@ -111,12 +140,12 @@ class BlockCache:
         hit_tokens: cython.longlong = 0
         tok: cython.longlong
         st: cython.Py_ssize_t
-        in_run: cython.bint = False
+        in_run: cython.bint = start > 0
         uncachable: cython.bint = False
         b: Block
         parent: Block
-        prev: object = None
-        for i in range(n):
+        prev: object = held[start - 1] if start > 0 else None
+        for i in range(start, n):
             key = keys[i]
             if parents[i] is None:
                 in_run = True
@@ -128,6 +157,7 @@ class BlockCache:
                 if not in_run:
                     raise AssertionError(f"block {key:#x} cached without its parent chain")
                 if b.ref == 0:
+                    self._pinned += 1
                     policy.on_pin(b)
                 b.ref += 1
                 b.hits += 1
@@ -139,7 +169,8 @@ class BlockCache:
                 st = stypes[i]
                 hit_blocks += 1
                 hit_tokens += tok
-                self.counters.hit(st, tok)
+                if count:
+                    self.counters.hit(st, tok)
             else:
                 in_run = False
                 if uncachable:  # its parent could not be cached: computed, not cached
@@ -161,13 +192,15 @@ class BlockCache:
                     parent = prev
                     parent.n_children += 1
                 b.ref = 1
+                self._pinned += 1
                 policy.on_insert(b, now)
                 if ghost is not None:
                     self.counters.ghost_hits += 1
                     policy.on_ghost_hit(b, ghost, now)
             held.append(b)
             prev = b
-        self.counters.request(n, rb.prompt_tokens, hit_blocks, hit_tokens)
+        if count:
+            self.counters.request(n, rb.prompt_tokens, hit_blocks, hit_tokens)
         self._last_hit_blocks = hit_blocks
         self._last_hit_tokens = hit_tokens
 
@@ -183,6 +216,7 @@ class BlockCache:
             b = held[i]
             b.ref -= 1
             if b.ref == 0:
+                self._pinned -= 1
                 policy.on_unpin(b, now)
 
     def access(self, rb: RequestBlocks, now: cython.double) -> Lease:
@@ -199,7 +233,7 @@ class BlockCache:
         held: list = []
         for i in range(start, end):
             rb = trace[i]
-            self._acquire_into(rb, rb.arrival_s, held)
+            self._acquire_into(rb, rb.arrival_s, held, 0, True)
             self._release_list(held, rb.arrival_s)
             del held[:]
 

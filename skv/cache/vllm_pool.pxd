@@ -21,6 +21,8 @@ cdef class VllmBlockPool:
     cdef void _push_back(self, Py_ssize_t blk)
     cdef void _push_front(self, Py_ssize_t blk)
     cpdef Lease acquire(self, RequestBlocks rb, double now)
+    cdef void _allocate(self, RequestBlocks rb, Py_ssize_t start, list held, double now,
+                        bint count) except *
     cpdef release(self, Lease lease, double now)
     cpdef Lease access(self, RequestBlocks rb, double now)
     cdef Py_ssize_t _hit_count(self, RequestBlocks rb) except -1

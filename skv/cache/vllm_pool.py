@@ -118,6 +118,16 @@ class VllmBlockPool:
         """Blocks holding cached (hashed) content."""
         return len(self.cached) + sum(len(v) for v in self._copies.values())
 
+    @property
+    def usable_blocks(self) -> int:
+        """Blocks that can hold KV (all but the null block)."""
+        return self.capacity_blocks - 1
+
+    @property
+    def pinned_blocks(self) -> int:
+        """Blocks held by in-flight requests (the null block aside, the rest are free)."""
+        return self.capacity_blocks - 1 - self._nfree
+
     def holders(self, key: object) -> list[int]:
         """Every block holding ``key``, oldest first (several after a recompute)."""
         if key not in self.cached:
@@ -153,7 +163,6 @@ class VllmBlockPool:
                 f"request #{rb.index}: vllm models exact prefix caching; replay it with prefix "
                 "keying (segment keying restarts chains, which vLLM cannot reuse)"
             )
-        bs: cython.Py_ssize_t = rb.block_size
         keys: list = rb.keys
         tokens: list = rb.tokens
         stypes: list = rb.stypes
@@ -175,12 +184,39 @@ class VllmBlockPool:
             st = stypes[i]
             hit_tokens += tok
             self.counters.hit(st, tok)
-        for i in range(n_hit, n):
+        self._allocate(rb, n_hit, held, now, True)
+        self.counters.request(n, rb.prompt_tokens, n_hit, hit_tokens)
+        return new_lease(held, n_hit, hit_tokens)
+
+    def extend(self, lease: Lease, rb: RequestBlocks, start: int, now: float) -> None:
+        """Grow an in-flight request by blocks ``start:`` of ``rb`` (generated output): vLLM
+        allocates them as tokens are decoded and hashes the full ones."""
+        self._allocate(rb, start, lease.blocks, now, False)
+
+    def _allocate(
+        self,
+        rb: RequestBlocks,
+        start: cython.Py_ssize_t,
+        held: list,
+        now: cython.double,
+        count: cython.bint,
+    ) -> None:
+        """New blocks for ``rb``'s blocks ``start:`` from the front of the free queue (lazily
+        evicting what they held); full ones get their hash (``cache_full_blocks``)."""
+        bs: cython.Py_ssize_t = rb.block_size
+        keys: list = rb.keys
+        tokens: list = rb.tokens
+        stypes: list = rb.stypes
+        n: cython.Py_ssize_t = len(keys)
+        i: cython.Py_ssize_t
+        blk: cython.Py_ssize_t
+        for i in range(start, n):
             if self._nfree == 0:
-                self.counters.uncached += n - i
+                if count:
+                    self.counters.uncached += n - i
                 break
             key = keys[i]
-            full: cython.bint = tokens[i] == bs  # cache_full_blocks: only full blocks get a hash
+            full: cython.bint = tokens[i] == bs
             # look the ghost up before the eviction below can put this very key into it
             ghost = self.ghost.pop(key) if full and self.ghost.capacity else None
             blk = self._next[self.capacity_blocks]
@@ -198,10 +234,8 @@ class VllmBlockPool:
                     self.cached[key] = blk
                 if self.ghost.capacity:
                     self.ghost.pop(key)  # cached again: drop what evicting this block recorded
-                if ghost is not None:
+                if ghost is not None and count:
                     self.counters.ghost_hits += 1
-        self.counters.request(n, rb.prompt_tokens, n_hit, hit_tokens)
-        return new_lease(held, n_hit, hit_tokens)
 
     def release(self, lease: Lease, now: cython.double) -> None:
         """Free tail first; an unhashed (partial) block goes to the front of the queue."""

@@ -1,0 +1,117 @@
+"""What one engine iteration computes, and the interface every latency model implements.
+
+A serving engine (vLLM, SGLang) runs in iterations: each one runs a batch that mixes prefill
+chunks (prompt tokens computed this step, possibly a slice of a longer prompt under chunked
+prefill) with one decode token for each running request. Its duration depends on how many tokens
+pass through the weights and how much KV context attention reads, so an ``Iteration`` records
+exactly that and nothing about which request is which. Latency models are pure functions of an
+``Iteration``: the simulator owns queues, batching and the cache; the model only prices a batch.
+
+Every model can ``describe()`` itself (name, formula, constants) so that any simulated result can
+say "TTFT simulated by <model>" next to the numbers it reports.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillChunk:
+    """Prompt tokens one request computes this iteration.
+
+    ``tokens`` are computed now; ``context_before`` are already in that request's KV when the
+    chunk runs (prefix-cache hits or chunks computed in earlier iterations), so the chunk's
+    queries attend to ``context_before + tokens`` keys. ``tokens == 0`` is allowed and costs
+    nothing beyond the iteration's fixed cost (the seed's TTFT formula has a term for it).
+    """
+
+    tokens: int
+    context_before: int = 0
+
+    def __post_init__(self) -> None:
+        if self.tokens < 0 or self.context_before < 0:
+            raise ValueError(
+                f"PrefillChunk(tokens={self.tokens}, context_before={self.context_before}): "
+                "both must be >= 0"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class Iteration:
+    """One engine step: prefill chunks plus one decoded token per running request.
+
+    ``decode_contexts[i]`` is the context length (KV tokens attended) of the i-th decoding
+    request. Invariant: every entry is >= 0; an iteration may be empty (the models then return
+    their fixed per-iteration cost).
+    """
+
+    prefill: tuple[PrefillChunk, ...] = ()
+    decode_contexts: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if any(c < 0 for c in self.decode_contexts):
+            raise ValueError(f"decode_contexts must be >= 0, got {self.decode_contexts}")
+
+    @classmethod
+    def lone_prefill(cls, tokens: int, context_before: int = 0) -> Iteration:
+        """A batch holding only one request's prefill: the no-queueing TTFT case."""
+        return cls(prefill=(PrefillChunk(tokens, context_before),))
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Prompt tokens computed this iteration (all chunks)."""
+        return sum(c.tokens for c in self.prefill)
+
+    @property
+    def prefill_context_tokens(self) -> int:
+        """Tokens already in KV before the chunks ran (cached or computed earlier), summed."""
+        return sum(c.context_before for c in self.prefill)
+
+    @property
+    def decode_seqs(self) -> int:
+        """Requests decoding one token this iteration."""
+        return len(self.decode_contexts)
+
+    @property
+    def decode_context_tokens(self) -> int:
+        """KV tokens attended by the decode tokens, summed over requests."""
+        return sum(self.decode_contexts)
+
+    @property
+    def batch_tokens(self) -> int:
+        """Tokens that pass through the weights: prefill tokens plus one per decode."""
+        return self.prefill_tokens + self.decode_seqs
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.prefill and not self.decode_contexts
+
+
+class LatencyModel(ABC):
+    """Prices one engine iteration in milliseconds.
+
+    Subclasses set ``name`` (the registry key) and implement ``iteration_ms`` and ``describe``.
+    ``ttft_ms`` is derived: the duration of an iteration that holds only this request's prefill,
+    i.e. TTFT without queueing or batching interference (the seed's TTFT model is exactly this).
+    """
+
+    name: ClassVar[str] = "abstract"
+
+    @abstractmethod
+    def iteration_ms(self, it: Iteration) -> float:
+        """Wall-clock duration of ``it`` in milliseconds."""
+
+    @abstractmethod
+    def describe(self) -> dict[str, Any]:
+        """``{"model": name, "formula": str, "constants": {...}}``; JSON-serialisable."""
+
+    def ttft_ms(self, uncached_tokens: int, cached_tokens: int = 0) -> float:
+        """No-queueing TTFT: a lone prefill of ``uncached_tokens`` after ``cached_tokens`` hits."""
+        return self.iteration_ms(Iteration.lone_prefill(uncached_tokens, cached_tokens))
+
+    def label(self) -> str:
+        """Short provenance line for tables and figure captions."""
+        return f"TTFT simulated by {self.name} latency model"

@@ -1,0 +1,214 @@
+"""The discrete-event serving simulator: arrivals -> router -> replicas -> per-request metrics.
+
+Simulated time jumps from event to event: the next arrival, or the end of some replica's
+current iteration (whose length the latency model gives). A replica runs iterations back to back
+while it has work and idles otherwise. Everything is deterministic: same requests, config and
+latency model give identical results.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tqdm import tqdm
+
+from skv.blocks import DEFAULT_BLOCK_SIZE, KeyingMode, request_blocks
+from skv.latency.base import LatencyModel
+from skv.model import Request, Segment, SemanticType, content_hash
+from skv.policies.registry import OFFLINE, make_cache
+from skv.replay import annotate_next_use
+from skv.sim.replica import Replica, RequestState
+from skv.sim.results import SimResult, summarize
+from skv.sim.routers import make_router
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SimConfig:
+    """One simulated deployment; capacities and batch limits are per replica."""
+
+    policy: str = "lru"
+    policy_params: dict[str, Any] = field(default_factory=dict)
+    capacity_blocks: int = 4096
+    block_size: int | None = None
+    mode: str = "prefix"
+    salt_by_tenant: bool = False
+    replicas: int = 1
+    router: str = "round_robin"
+    router_params: dict[str, Any] = field(default_factory=dict)
+    max_batch_tokens: int = 8192
+    max_running: int = 256
+    include_output_blocks: bool = True
+    sample_every_s: float = 1.0
+    policy_metrics_every: int = 100
+
+
+def simulate(
+    requests: Sequence[Request],
+    config: SimConfig,
+    latency: LatencyModel,
+    *,
+    progress: bool | None = None,
+) -> SimResult:
+    """Serve ``requests`` (any order; sorted by arrival here) and measure every request."""
+    order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_s, i))
+    mode = KeyingMode(config.mode)
+    states = []
+    for idx, i in enumerate(order):
+        r = requests[i]
+        bs = config.block_size or r.hash_block_size or DEFAULT_BLOCK_SIZE
+        rb = request_blocks(r, bs, mode, index=idx, salt_by_tenant=config.salt_by_tenant)
+        states.append(RequestState(idx, r, rb, r.arrival_s))
+    replicas = [
+        Replica(
+            k,
+            make_cache(config.policy, config.capacity_blocks, config.policy_params),
+            config.max_batch_tokens,
+            config.max_running,
+        )
+        for k in range(config.replicas)
+    ]
+    if config.policy in OFFLINE:
+        trace = [st.rb for st in states]
+        annotate_next_use(trace)
+        for rep in replicas:
+            rep.cache.prepare(trace)
+    router = make_router(config.router, **config.router_params)
+    sim = _Run(config, latency, replicas)
+    heap: list[tuple[float, int, int]] = []
+    seq = 0
+    nxt = 0
+    n = len(states)
+    with tqdm(
+        total=n,
+        desc=f"simulate {config.policy}",
+        unit="req",
+        leave=False,
+        disable=(not progress) if progress is not None else None,
+        mininterval=1.0,
+    ) as bar:
+        while nxt < n or heap:
+            if nxt < n and (not heap or states[nxt].arrival_s <= heap[0][0]):
+                st = states[nxt]
+                nxt += 1
+                now = st.arrival_s
+                k = router.choose(st.rb, replicas, now)
+                st.replica = k
+                rep = replicas[k]
+                rep.waiting.append(st)
+                if rep.busy:
+                    continue
+            else:
+                now, _, k = heapq.heappop(heap)
+                rep = replicas[k]
+                for st in rep.advance(now):
+                    sim.finish(rep, st, now)
+                    bar.update(1)
+            dt = sim.start_iteration(rep, now)
+            if dt is not None:
+                seq += 1
+                heapq.heappush(heap, (now + dt, seq, rep.index))
+    unfinished = [st for st in states if st.finished_s is None]
+    if unfinished:  # cannot happen unless a request can never be admitted
+        raise RuntimeError(
+            f"{len(unfinished)} requests never finished (first: {unfinished[0].request.request_id})"
+        )
+    return summarize(states, replicas, sim.memory, sim.policy_series, config, latency)
+
+
+class _Run:
+    """Per-run bookkeeping the event loop delegates to (iterations, completions, samples)."""
+
+    def __init__(self, config: SimConfig, latency: LatencyModel, replicas: list[Replica]):
+        self.config = config
+        self.latency = latency
+        self.replicas = replicas
+        self.memory: list[dict[str, float]] = []
+        self.policy_series: list[dict[str, float]] = []
+        self._next_sample = [0.0] * len(replicas)
+        self._finished = 0
+
+    def start_iteration(self, rep: Replica, now: float) -> float | None:
+        """Admit, plan and start ``rep``'s next iteration; its duration in s, or None if idle."""
+        rep.admit(now)
+        it = rep.plan()
+        self._sample(rep, now)
+        if it is None:
+            rep.busy = False
+            return None
+        rep.busy = True
+        return self.latency.iteration_ms(it) / 1000.0
+
+    def finish(self, rep: Replica, st: RequestState, now: float) -> None:
+        if self.config.include_output_blocks:
+            self._grow_by_output(rep, st, now)
+        rep.cache.release(st.lease, now)
+        st.lease = None
+        self._finished += 1
+        every = self.config.policy_metrics_every
+        policy = getattr(rep.cache, "policy", None)
+        if every and policy is not None and self._finished % every == 0:
+            m = policy.metrics()
+            if m:
+                self.policy_series.append({"time_s": now, "replica": rep.index, **m})
+
+    def _grow_by_output(self, rep: Replica, st: RequestState, now: float) -> None:
+        """Cache the generated answer's blocks (type ``output``) after the prompt's chain."""
+        r = st.request
+        if r.hash_ids is not None or st.generated <= 0:
+            return  # hash-id traces carry no identity for generated tokens
+        answer = Segment(
+            SemanticType.OUTPUT,
+            st.generated,
+            content_hash=r.output_hash or content_hash(f"output:{r.request_id}"),
+            reusable=False,
+        )
+        ext = Request(
+            r.request_id,
+            r.arrival_s,
+            [*r.segments, answer],
+            tenant_id=r.tenant_id,
+            session_id=r.session_id,
+            turn=r.turn,
+            templated=r.templated,
+        )
+        rb = st.rb
+        ext_rb = request_blocks(
+            ext,
+            rb.block_size,
+            KeyingMode(self.config.mode),
+            index=rb.index,
+            salt_by_tenant=self.config.salt_by_tenant,
+        )
+        start = 0
+        for a, b in zip(rb.keys, ext_rb.keys, strict=False):
+            if a != b:
+                break
+            start += 1
+        rep.cache.extend(st.lease, ext_rb, start, now)
+
+    def _sample(self, rep: Replica, now: float) -> None:
+        if now < self._next_sample[rep.index]:
+            return
+        self._next_sample[rep.index] = now + self.config.sample_every_s
+        cache = rep.cache
+        self.memory.append(
+            {
+                "time_s": now,
+                "replica": rep.index,
+                "cached_blocks": len(cache),
+                "pinned_blocks": cache.pinned_blocks,
+                "utilisation": len(cache) / cache.usable_blocks,
+                "waiting": len(rep.waiting),
+                "running": len(rep.running),
+            }
+        )
+
+
+def config_dict(config: SimConfig) -> dict[str, Any]:
+    return asdict(config)

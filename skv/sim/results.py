@@ -1,0 +1,119 @@
+"""What a simulation produces: per-request metrics, a run summary, and series over time.
+
+All latencies are SIMULATED by the latency model named in ``latency`` (never measured); the
+summary says so in ``simulated``. Tables are plain lists of dicts so they go straight to CSV/JSON
+or pandas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from skv.model import NUM_TYPES, TYPES
+
+if TYPE_CHECKING:
+    from skv.latency.base import LatencyModel
+    from skv.sim.engine import SimConfig
+    from skv.sim.replica import Replica, RequestState
+
+
+@dataclass
+class SimResult:
+    requests: list[dict[str, Any]]
+    summary: dict[str, Any]
+    memory: list[dict[str, float]] = field(default_factory=list)
+    policy_series: list[dict[str, float]] = field(default_factory=list)
+    latency: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+def _request_row(st: RequestState) -> dict[str, Any]:
+    assert st.admitted_s is not None and st.first_token_s is not None
+    assert st.finished_s is not None
+    gen = st.generated
+    return {
+        "request_id": st.request.request_id,
+        "replica": st.replica,
+        "arrival_s": st.arrival_s,
+        "queue_ms": (st.admitted_s - st.arrival_s) * 1e3,
+        "ttft_ms": (st.first_token_s - st.arrival_s) * 1e3,
+        "tpot_ms": (st.finished_s - st.first_token_s) * 1e3 / (gen - 1) if gen > 1 else None,
+        "e2e_ms": (st.finished_s - st.arrival_s) * 1e3,
+        "prompt_tokens": st.prompt_tokens,
+        "cached_tokens": st.cached_tokens,
+        "computed_tokens": st.prefill_total,
+        "output_tokens": gen,
+        "blocks": st.rb.num_blocks,
+        "hit_blocks": st.hit_blocks,
+    }
+
+
+def _pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def summarize(
+    states: list[RequestState],
+    replicas: list[Replica],
+    memory: list[dict[str, float]],
+    policy_series: list[dict[str, float]],
+    config: SimConfig,
+    latency: LatencyModel,
+) -> SimResult:
+    rows = [_request_row(st) for st in states]
+    ttft = [r["ttft_ms"] for r in rows]
+    tpot = [r["tpot_ms"] for r in rows if r["tpot_ms"] is not None]
+    e2e = [r["e2e_ms"] for r in rows]
+    queue = [r["queue_ms"] for r in rows]
+    prompt = sum(r["prompt_tokens"] for r in rows)
+    cached = sum(r["cached_tokens"] for r in rows)
+    blocks = sum(r["blocks"] for r in rows)
+    hit_blocks = sum(r["hit_blocks"] for r in rows)
+    out_tokens = sum(r["output_tokens"] for r in rows)
+    start = min((st.arrival_s for st in states), default=0.0)
+    end = max((st.finished_s or 0.0 for st in states), default=0.0)
+    span = max(end - start, 1e-9)
+    stats = [rep.cache.stats for rep in replicas]
+    type_tokens = [0] * NUM_TYPES
+    for st in states:
+        for tok, t in zip(st.rb.tokens, st.rb.stypes, strict=True):
+            type_tokens[t] += tok
+    hit_by_type = [sum(s.hit_tokens_by_type[t] for s in stats) for t in range(NUM_TYPES)]
+    evict_by_type = [sum(s.evictions_by_type[t] for s in stats) for t in range(NUM_TYPES)]
+    util = [m["utilisation"] for m in memory]
+    desc = latency.describe()
+    summary = {
+        "simulated": f"latencies simulated by the {latency.name} latency model",
+        "requests": len(rows),
+        "duration_s": span,
+        "throughput_rps": len(rows) / span,
+        "output_tokens_per_s": out_tokens / span,
+        "ttft_ms_mean": float(np.mean(ttft)) if ttft else float("nan"),
+        "ttft_ms_p50": _pct(ttft, 50),
+        "ttft_ms_p90": _pct(ttft, 90),
+        "ttft_ms_p99": _pct(ttft, 99),
+        "tpot_ms_mean": float(np.mean(tpot)) if tpot else float("nan"),
+        "e2e_ms_mean": float(np.mean(e2e)) if e2e else float("nan"),
+        "e2e_ms_p99": _pct(e2e, 99),
+        "queue_ms_mean": float(np.mean(queue)) if queue else float("nan"),
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "computed_tokens": prompt - cached,
+        "token_hit_rate": cached / prompt if prompt else 0.0,
+        "block_hit_rate": hit_blocks / blocks if blocks else 0.0,
+        "hit_rate_by_type": {
+            TYPES[t].value: hit_by_type[t] / type_tokens[t]
+            for t in range(NUM_TYPES)
+            if type_tokens[t]
+        },
+        "evictions": sum(s.evictions for s in stats),
+        "evictions_by_type": {
+            TYPES[t].value: evict_by_type[t] for t in range(NUM_TYPES) if evict_by_type[t]
+        },
+        "memory_utilisation_mean": float(np.mean(util)) if util else float("nan"),
+        "iterations": sum(rep.iterations for rep in replicas),
+    }
+    return SimResult(rows, summary, memory, policy_series, desc, asdict(config))

@@ -1,0 +1,117 @@
+"""Serving-simulator invariants (simulated time; the linear latency model unless stated)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from skv.latency import make_latency_model
+from skv.model import Request, Segment, SemanticType, content_hash
+from skv.sim import SimConfig, simulate
+
+T = SemanticType
+
+
+def rag_requests(n: int = 300, rate_rps: float = 5.0, docs: int = 8, seed: int = 0):
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        segs = [
+            Segment(T.SYSTEM, 300, content_hash("system")),
+            Segment(T.RETRIEVED_CONTEXT, 600, content_hash(f"doc{rng.randrange(docs)}")),
+            Segment(T.USER_QUERY, 40, content_hash(f"q{i}")),
+        ]
+        out.append(Request(f"r{i}", i / rate_rps, segs, output_tokens=rng.randint(5, 60)))
+    return out
+
+
+LINEAR = make_latency_model("linear")
+
+
+@pytest.mark.parametrize("policy", ["lru", "vllm", "adaptive_semantic", "belady"])
+def test_no_request_is_lost_and_ttft_covers_its_prefill(policy):
+    reqs = rag_requests()
+    res = simulate(reqs, SimConfig(policy=policy, capacity_blocks=300), LINEAR, progress=False)
+    assert len(res.requests) == len(reqs)
+    assert {r["request_id"] for r in res.requests} == {r.request_id for r in reqs}
+    for r in res.requests:
+        floor = LINEAR.ttft_ms(r["computed_tokens"], r["cached_tokens"])
+        assert r["ttft_ms"] >= floor - 1e-6
+        assert r["e2e_ms"] >= r["ttft_ms"] >= r["queue_ms"] >= 0
+        assert r["cached_tokens"] + r["computed_tokens"] == r["prompt_tokens"]
+
+
+def test_same_inputs_give_identical_results():
+    a = simulate(rag_requests(), SimConfig(capacity_blocks=200), LINEAR, progress=False)
+    b = simulate(rag_requests(), SimConfig(capacity_blocks=200), LINEAR, progress=False)
+    assert a.requests == b.requests
+    assert a.summary == b.summary
+
+
+def test_a_warm_cache_lowers_ttft_under_the_linear_model():
+    reqs = rag_requests(n=200, rate_rps=1.0)  # light load: no queueing
+    cold = simulate(reqs, SimConfig(capacity_blocks=70), LINEAR, progress=False)
+    warm = simulate(reqs, SimConfig(capacity_blocks=5000), LINEAR, progress=False)
+    assert warm.summary["token_hit_rate"] > cold.summary["token_hit_rate"]
+    assert warm.summary["ttft_ms_mean"] < cold.summary["ttft_ms_mean"]
+
+
+def test_a_lone_request_sees_exactly_the_linear_ttft():
+    req = rag_requests(n=1)
+    res = simulate(req, SimConfig(), LINEAR, progress=False)
+    r = res.requests[0]
+    assert r["queue_ms"] == 0
+    assert r["ttft_ms"] == pytest.approx(LINEAR.ttft_ms(r["prompt_tokens"] - 0, 0))
+
+
+def test_the_cache_never_exceeds_capacity_and_pins_running_requests():
+    res = simulate(
+        rag_requests(rate_rps=50.0),
+        SimConfig(capacity_blocks=150),
+        LINEAR,
+        progress=False,
+    )
+    assert res.memory
+    assert all(m["cached_blocks"] <= 150 for m in res.memory)
+    assert max(m["pinned_blocks"] for m in res.memory) > 0
+
+
+def test_a_second_turn_hits_the_first_turns_answer():
+    answer = content_hash("the answer")
+    seg_sys = Segment(T.SYSTEM, 64, content_hash("s"))
+    q1 = Segment(T.USER_QUERY, 32, content_hash("q1"))
+    first = Request("t1", 0.0, [seg_sys, q1], output_tokens=48, output_hash=answer)
+    hist = Segment(T.ASSISTANT_HISTORY, 48, answer)
+    second = Request("t2", 10.0, [seg_sys, q1, hist, Segment(T.USER_QUERY, 16, content_hash("q2"))])
+    res = simulate([first, second], SimConfig(), LINEAR, progress=False)
+    by_id = {r["request_id"]: r for r in res.requests}
+    # the prompt (64 + 32) and the answer (48) are cached: 144 tokens = 9 full blocks of 16
+    assert by_id["t2"]["cached_tokens"] == 144
+    off = simulate([first, second], SimConfig(include_output_blocks=False), LINEAR, progress=False)
+    assert {r["request_id"]: r for r in off.requests}["t2"]["cached_tokens"] == 96
+
+
+def test_replicas_split_the_load_and_each_has_its_own_cache():
+    reqs = rag_requests(n=120)
+    res = simulate(reqs, SimConfig(replicas=3, router="round_robin"), LINEAR, progress=False)
+    assert sorted({r["replica"] for r in res.requests}) == [0, 1, 2]
+    local = simulate(reqs, SimConfig(replicas=3, router="prefix_locality"), LINEAR, progress=False)
+    assert local.summary["token_hit_rate"] >= res.summary["token_hit_rate"]
+
+
+def test_the_summary_says_its_latencies_are_simulated():
+    res = simulate(rag_requests(n=5), SimConfig(), LINEAR, progress=False)
+    assert "simulated" in res.summary["simulated"] and "linear" in res.summary["simulated"]
+    assert res.latency["model"] == "linear"
+
+
+def test_policy_metrics_are_logged_over_time():
+    res = simulate(
+        rag_requests(n=300, rate_rps=40.0),
+        SimConfig(policy="adaptive_semantic", capacity_blocks=120, policy_metrics_every=50),
+        LINEAR,
+        progress=False,
+    )
+    assert len(res.policy_series) == 6
+    assert "w_retrieved_context" in res.policy_series[0]

@@ -12,8 +12,6 @@ import csv
 import gc
 import json
 import logging
-import os
-import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -24,6 +22,7 @@ from typing import Any
 from tqdm import tqdm
 
 from skv.blocks import DEFAULT_BLOCK_SIZE, KeyingMode, RequestBlocks, request_blocks
+from skv.fileio import atomic_write
 from skv.model import NUM_TYPES, TYPES, Request
 from skv.policies.registry import OFFLINE, make_cache, policy_class
 from skv.sizing import Capacity
@@ -296,13 +295,12 @@ def write_results(rows: list[dict[str, Any]], out_dir: Path, meta: dict[str, Any
             flat[f"evictions_{t}"] = r["evictions_by_type"].get(t, 0)
             flat[f"hit_rate_{t}"] = r["hit_rate_by_type"].get(t, "")
         lines.append(flat)
-    _atomic_write(out_dir / "replay_results.csv", lambda f: _write_csv(f, header, lines))
+    with atomic_write(out_dir / "replay_results.csv") as f:
+        _write_csv(f, header, lines)
     stable_rows = [{k: v for k, v in r.items() if k != "replay_seconds"} for r in rows]
     payload = {"meta": meta, "results": stable_rows}
-    _atomic_write(
-        out_dir / "replay_results.json",
-        lambda f: f.write(json.dumps(payload, indent=2, sort_keys=True) + "\n"),
-    )
+    with atomic_write(out_dir / "replay_results.json") as f:
+        f.write(json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
 
 def _write_csv(f, header: list[str], lines: list[dict[str, Any]]) -> None:
@@ -310,15 +308,3 @@ def _write_csv(f, header: list[str], lines: list[dict[str, Any]]) -> None:
     w.writeheader()
     for line in lines:
         w.writerow({k: (f"{v:.6f}" if isinstance(v, float) else v) for k, v in line.items()})
-
-
-def _atomic_write(path: Path, write) -> None:
-    """Write to a temp file beside ``path`` and rename, so a crash never leaves half a file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", newline="") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

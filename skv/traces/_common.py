@@ -9,13 +9,10 @@ derived from the ids, so equal ids give equal content hashes without hashing eve
 
 from __future__ import annotations
 
-import contextlib
 import os
-import tempfile
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -50,33 +47,6 @@ def parse_line(model: type[M], line: str, path: PathLike, lineno: int, *, strict
 def sort_by_arrival(requests: list[Request]) -> list[Request]:
     """Requests by arrival time; ties keep their input order (``sorted`` is stable)."""
     return sorted(requests, key=lambda r: r.arrival_s)
-
-
-@contextlib.contextmanager
-def atomic_write(path: PathLike, *, binary: bool = False) -> Iterator[IO[Any]]:
-    """Write to a temp file beside ``path`` and move it into place only on success.
-
-    On any exception the temp file is removed and ``path`` is left as it was, so a failure never
-    leaves a half-written trace behind.
-    """
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        if binary:
-            f: IO[Any] = os.fdopen(fd, "wb")
-        else:
-            f = os.fdopen(fd, "w", encoding="utf-8", newline="\n")
-        with f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:

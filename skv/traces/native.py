@@ -29,8 +29,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import PydanticSerializationError
 
+from skv.fileio import atomic_write
 from skv.model import Request, Segment, SemanticType
-from skv.traces._common import PathLike, atomic_write, iter_lines, parse_line, sort_by_arrival
+from skv.traces._common import PathLike, iter_lines, parse_line, sort_by_arrival
 from skv.traces.errors import TraceFormatError, from_validation_error
 
 log = logging.getLogger(__name__)

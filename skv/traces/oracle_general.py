@@ -28,8 +28,9 @@ from collections.abc import Iterable
 import numpy as np
 
 from skv.blocks import DEFAULT_BLOCK_SIZE, KeyingMode, RequestBlocks, request_blocks
+from skv.fileio import atomic_write
 from skv.model import Request
-from skv.traces._common import PathLike, atomic_write
+from skv.traces._common import PathLike
 
 log = logging.getLogger(__name__)
 

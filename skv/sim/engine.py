@@ -16,7 +16,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from skv.blocks import DEFAULT_BLOCK_SIZE, KeyingMode, request_blocks
+from skv.blocks import DEFAULT_BLOCK_SIZE, KeyingMode, RequestBlocks, request_blocks
 from skv.latency.base import LatencyModel
 from skv.model import Request, Segment, SemanticType, content_hash
 from skv.policies.registry import OFFLINE, make_cache
@@ -73,9 +73,12 @@ def simulate(
         )
         for k in range(config.replicas)
     ]
+    if config.include_output_blocks:
+        for st in states:
+            _plan_output_blocks(st, config)
     if config.policy in OFFLINE:
+        _annotate_next_use(states)
         trace = [st.rb for st in states]
-        annotate_next_use(trace)
         for rep in replicas:
             rep.cache.prepare(trace)
     router = make_router(config.router, **config.router_params)
@@ -159,38 +162,8 @@ class _Run:
 
     def _grow_by_output(self, rep: Replica, st: RequestState, now: float) -> None:
         """Cache the generated answer's blocks (type ``output``) after the prompt's chain."""
-        r = st.request
-        if r.hash_ids is not None or st.generated <= 0:
-            return  # hash-id traces carry no identity for generated tokens
-        answer = Segment(
-            SemanticType.OUTPUT,
-            st.generated,
-            content_hash=r.output_hash or content_hash(f"output:{r.request_id}"),
-            reusable=False,
-        )
-        ext = Request(
-            r.request_id,
-            r.arrival_s,
-            [*r.segments, answer],
-            tenant_id=r.tenant_id,
-            session_id=r.session_id,
-            turn=r.turn,
-            templated=r.templated,
-        )
-        rb = st.rb
-        ext_rb = request_blocks(
-            ext,
-            rb.block_size,
-            KeyingMode(self.config.mode),
-            index=rb.index,
-            salt_by_tenant=self.config.salt_by_tenant,
-        )
-        start = 0
-        for a, b in zip(rb.keys, ext_rb.keys, strict=False):
-            if a != b:
-                break
-            start += 1
-        rep.cache.extend(st.lease, ext_rb, start, now)
+        if st.ext_rb is not None:
+            rep.cache.extend(st.lease, st.ext_rb, st.ext_start, now)
 
     def _sample(self, rep: Replica, now: float) -> None:
         if now < self._next_sample[rep.index]:
@@ -208,6 +181,78 @@ class _Run:
                 "running": len(rep.running),
             }
         )
+
+
+def _plan_output_blocks(st: RequestState, config: SimConfig) -> None:
+    """The blocks of prompt + answer: the answer's blocks are cached when the request ends.
+
+    ``ext_start`` is the first block that differs from the prompt's own (the prompt's partial
+    last block is completed by the answer's first tokens). Hash-id traces carry no identity for
+    generated tokens, so their answers are not cached.
+    """
+    r = st.request
+    if r.hash_ids is not None:
+        return
+    answer = Segment(
+        SemanticType.OUTPUT,
+        st.output_target,
+        content_hash=r.output_hash or content_hash(f"output:{r.request_id}"),
+        reusable=False,
+    )
+    ext = Request(
+        r.request_id,
+        r.arrival_s,
+        [*r.segments, answer],
+        tenant_id=r.tenant_id,
+        session_id=r.session_id,
+        turn=r.turn,
+        templated=r.templated,
+    )
+    rb = st.rb
+    ext_rb = request_blocks(
+        ext,
+        rb.block_size,
+        KeyingMode(config.mode),
+        index=rb.index,
+        salt_by_tenant=config.salt_by_tenant,
+    )
+    start = 0
+    for a, b in zip(rb.keys, ext_rb.keys, strict=False):
+        if a != b:
+            break
+        start += 1
+    st.ext_rb, st.ext_start = ext_rb, start
+
+
+def _annotate_next_use(states: list[RequestState]) -> None:
+    """Next use of every block a request touches, prompt and answer, for offline policies."""
+    combined = []
+    for st in states:
+        rb = st.rb
+        keys = list(rb.keys)
+        if st.ext_rb is not None:
+            keys += st.ext_rb.keys[st.ext_start :]
+        combined.append(
+            RequestBlocks(
+                rb.index,
+                rb.arrival_s,
+                keys,
+                [None] * len(keys),
+                [1] * len(keys),
+                [0] * len(keys),
+                [1] * len(keys),
+                None,
+                0,
+                False,
+                rb.block_size,
+            )
+        )
+    annotate_next_use(combined)
+    for st, comb in zip(states, combined, strict=True):
+        n = len(st.rb.keys)
+        st.rb.next_use = comb.next_use[:n]
+        if st.ext_rb is not None:
+            st.ext_rb.next_use = st.rb.next_use[: st.ext_start] + comb.next_use[n:]
 
 
 def config_dict(config: SimConfig) -> dict[str, Any]:

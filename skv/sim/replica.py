@@ -39,6 +39,8 @@ class RequestState:
     finished_s: float | None = None
     chunk: int = 0  # prefill tokens scheduled in the current iteration
     decoding: bool = False  # decodes a token in the current iteration
+    ext_rb: RequestBlocks | None = None  # prompt + answer blocks (see engine._plan_output_blocks)
+    ext_start: int = 0
 
     @property
     def prompt_tokens(self) -> int:

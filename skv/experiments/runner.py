@@ -1,0 +1,560 @@
+"""Run an experiment config through the serving simulator and write its outputs.
+
+``run_experiment`` generates the workload once per seed, resolves every capacity against that
+trace, simulates every policy at every capacity, and writes into
+``<output_root>/<YYYYmmdd_HHMMSS>_<id>/``:
+
+- ``results.json``: config, latency model, one record per policy x capacity x seed, across-seed
+  means with 95% Student-t intervals, paired comparisons, and down-sampled time series;
+- ``metrics.csv``: tidy, one row per policy x capacity x seed;
+- ``metrics_summary.csv``: one row per policy x capacity, mean / std / 95% CI per metric;
+- ``summary.md`` and six PNG plots (see :mod:`skv.experiments.plots`);
+- ``run.log``: wall-clock timings (the only file with timings; the others are byte-identical
+  for the same config).
+
+``run_all`` runs every config of a directory and writes ``aggregate_summary.csv`` / ``.md``
+next to the run directories.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+import json
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from skv.experiments.config import METRICS, ExperimentConfig, load_config
+from skv.experiments.stats import mean_ci, paired_diff
+from skv.model import Request
+
+log = logging.getLogger(__name__)
+
+#: ``--quick``: keep this share of each workload's requests (at least QUICK_MIN)
+QUICK_SCALE = 0.1
+QUICK_MIN = 50
+#: default ``num_requests`` of a workload whose config does not set it (WorkloadParams' default)
+DEFAULT_NUM_REQUESTS = 1000
+#: points kept per time series in results.json (plots only need the shape)
+SERIES_POINTS = 120
+
+#: per-run metrics copied from the simulator summary, in CSV column order
+RUN_METRICS: tuple[str, ...] = (
+    "requests",
+    "ttft_ms_mean",
+    "ttft_ms_p50",
+    "ttft_ms_p90",
+    "ttft_ms_p99",
+    "tpot_ms_mean",
+    "e2e_ms_mean",
+    "e2e_ms_p99",
+    "queue_ms_mean",
+    "throughput_rps",
+    "token_hit_rate",
+    "block_hit_rate",
+    "prompt_tokens",
+    "cached_tokens",
+    "computed_tokens",
+    "evictions",
+    "memory_utilisation_mean",
+)
+#: metrics that get across-seed means and intervals
+SUMMARY_METRICS: tuple[str, ...] = tuple(m for m in RUN_METRICS if m != "requests")
+
+RUN_COLUMNS: tuple[str, ...] = (
+    "experiment",
+    "workload",
+    "latency_model",
+    "policy",
+    "policy_name",
+    "offline",
+    "capacity",
+    "capacity_blocks",
+    "unique_blocks",
+    "seed",
+    *RUN_METRICS,
+)
+
+PLOT_FILES: tuple[str, ...] = (
+    "policy_comparison_avg_ttft.png",
+    "policy_comparison_hit_rate.png",
+    "tokens_saved_by_policy.png",
+    "evictions_by_semantic_type.png",
+    "adaptive_weights_over_time.png",
+    "memory_utilization_over_time.png",
+)
+OUTPUT_FILES: tuple[str, ...] = (
+    "results.json",
+    "metrics.csv",
+    "metrics_summary.csv",
+    "summary.md",
+    *PLOT_FILES,
+    "run.log",
+)
+
+
+# ----------------------------------------------------------------------------------------
+# workload
+
+
+def make_requests(name: str, params: dict[str, Any]) -> list[Request]:
+    """The workload's requests (``skv.workloads.make_workload``)."""
+    from skv.workloads import make_workload
+
+    return make_workload(name, **params)
+
+
+def workload_params(config: ExperimentConfig, seed: int, quick: bool) -> dict[str, Any]:
+    params = dict(config.workload.params)
+    params["seed"] = seed
+    if quick:
+        n = int(params.get("num_requests", DEFAULT_NUM_REQUESTS))
+        params["num_requests"] = min(n, max(QUICK_MIN, round(n * QUICK_SCALE)))
+    return params
+
+
+def unique_prompt_blocks(requests: Sequence[Request], config: ExperimentConfig) -> int:
+    """Distinct prompt blocks of the trace under the config's block size and keying: the base
+    that a ``"10%"`` capacity is a share of."""
+    from skv.replay import compile_trace, trace_totals
+
+    trace = compile_trace(
+        requests, config.block_size, config.keying, salt_by_tenant=config.salt_by_tenant
+    )
+    return trace_totals(trace).unique_blocks
+
+
+# ----------------------------------------------------------------------------------------
+# running
+
+
+def simulate_experiment(
+    config: ExperimentConfig,
+    *,
+    quick: bool = False,
+    progress: bool | None = False,
+    timings: list[str] | None = None,
+    on_run: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Simulate every seed x capacity x policy; returns the results document (JSON-ready, no
+    timings). Wall-clock timings, if wanted, are appended to ``timings`` as log lines."""
+    from skv.latency import make_latency_model
+    from skv.sim import SimConfig, simulate
+    from skv.sizing import Capacity
+
+    latency = make_latency_model(config.latency.name, **config.latency.params)
+    desc = latency.describe()
+    timings = timings if timings is not None else []
+    runs: list[dict[str, Any]] = []
+    series: dict[str, list[dict[str, Any]]] = {"memory": [], "weights": []}
+    traces: list[dict[str, Any]] = []
+    total = len(config.seeds) * len(config.capacities) * len(config.policies)
+    done = 0
+    for seed in config.seeds:
+        t0 = time.perf_counter()
+        params = workload_params(config, seed, quick)
+        requests = make_requests(config.workload.name, params)
+        if not requests:
+            raise ValueError(f"{config.id}: workload {config.workload.name!r} gave no requests")
+        unique = unique_prompt_blocks(requests, config)
+        traces.append(
+            {
+                "seed": seed,
+                "requests": len(requests),
+                "prompt_tokens": sum(r.prompt_tokens for r in requests),
+                "unique_blocks": unique,
+                "span_s": max(r.arrival_s for r in requests) - min(r.arrival_s for r in requests),
+            }
+        )
+        _note(
+            timings,
+            f"seed {seed}: workload {len(requests)} requests, {unique} unique "
+            f"blocks ({time.perf_counter() - t0:.2f} s)",
+        )
+        for cap in config.capacities:
+            blocks = Capacity.parse(cap).to_blocks(
+                block_size=config.block_size, unique_blocks=unique, model=config.model
+            )
+            for pol in config.policies:
+                sim_config = SimConfig(
+                    policy=pol.name,
+                    policy_params=dict(pol.params),
+                    capacity_blocks=blocks,
+                    block_size=config.block_size,
+                    mode=config.keying,
+                    salt_by_tenant=config.salt_by_tenant,
+                    replicas=config.replicas.count,
+                    router=config.replicas.router,
+                    router_params=dict(config.replicas.router_params),
+                    max_batch_tokens=config.batch.max_batch_tokens,
+                    max_running=config.batch.max_running,
+                    include_output_blocks=config.include_output_blocks,
+                    sample_every_s=config.sample_every_s,
+                    policy_metrics_every=config.policy_metrics_every,
+                )
+                t1 = time.perf_counter()
+                try:
+                    res = simulate(requests, sim_config, latency, progress=progress)
+                except RuntimeError as exc:  # e.g. a request larger than the whole cache
+                    raise ValueError(
+                        f"{config.id}: seed {seed}, capacity {cap} ({blocks} blocks), policy "
+                        f"{pol.key}: {exc}"
+                    ) from exc
+                elapsed = time.perf_counter() - t1
+                s = res.summary
+                run = {
+                    "experiment": config.id,
+                    "workload": config.workload.name,
+                    "latency_model": desc.get("model", config.latency.name),
+                    "policy": pol.key,
+                    "policy_name": pol.name,
+                    "offline": pol.offline,
+                    "capacity": str(cap),
+                    "capacity_blocks": blocks,
+                    "unique_blocks": unique,
+                    "seed": seed,
+                    **{m: s[m] for m in RUN_METRICS},
+                    "hit_rate_by_type": dict(sorted(s["hit_rate_by_type"].items())),
+                    "evictions_by_type": dict(sorted(s["evictions_by_type"].items())),
+                }
+                runs.append(run)
+                done += 1
+                _note(
+                    timings,
+                    f"[{done}/{total}] seed {seed} capacity {cap} ({blocks} blocks) "
+                    f"{pol.key}: ttft {s['ttft_ms_mean']:.1f} ms, token hit "
+                    f"{s['token_hit_rate']:.3f} ({elapsed:.2f} s)",
+                )
+                if on_run is not None:
+                    on_run(run)
+                if seed == config.seeds[0]:
+                    series["memory"].append(
+                        {
+                            "policy": pol.key,
+                            "capacity": str(cap),
+                            **_memory_series(res.memory, blocks),
+                        }
+                    )
+                    if res.policy_series:
+                        series["weights"].append(
+                            {
+                                "policy": pol.key,
+                                "capacity": str(cap),
+                                **_weight_series(res.policy_series, run),
+                            }
+                        )
+    doc = {
+        "experiment": config.id,
+        "description": config.description,
+        "simulated": simulated_note(desc),
+        "latency": desc,
+        "quick": quick,
+        "config": config.model_dump(mode="json"),
+        "traces": traces,
+        "runs": runs,
+        "aggregate": aggregate_runs(runs, config),
+        "comparisons": compare_policies(runs, config),
+        "series": {"seed": config.seeds[0], **series},
+    }
+    return _json_ready(doc)
+
+
+def simulated_note(desc: dict[str, Any]) -> str:
+    model = desc.get("model", "?")
+    formula = desc.get("formula")
+    note = (
+        f"All latencies (TTFT, TPOT, E2E, queueing) are SIMULATED by the '{model}' latency "
+        "model, not measured on hardware"
+    )
+    return f"{note}: {formula}" if formula else note
+
+
+def aggregate_runs(runs: list[dict[str, Any]], config: ExperimentConfig) -> list[dict[str, Any]]:
+    """One record per capacity x policy (config order): mean, std and 95% CI of each metric."""
+    out = []
+    for cap in config.capacities:
+        for pol in config.policies:
+            rs = [r for r in runs if r["capacity"] == str(cap) and r["policy"] == pol.key]
+            if not rs:
+                continue
+            rec: dict[str, Any] = {
+                "policy": pol.key,
+                "policy_name": pol.name,
+                "offline": pol.offline,
+                "capacity": str(cap),
+                "capacity_blocks": mean_ci([r["capacity_blocks"] for r in rs])["mean"],
+                "n_seeds": len(rs),
+            }
+            for m in SUMMARY_METRICS:
+                rec[m] = mean_ci([r[m] for r in rs])
+            types = sorted({t for r in rs for t in r["evictions_by_type"]})
+            rec["evictions_by_type"] = {
+                t: math.fsum(r["evictions_by_type"].get(t, 0) for r in rs) / len(rs) for t in types
+            }
+            types = sorted({t for r in rs for t in r["hit_rate_by_type"]})
+            rec["hit_rate_by_type"] = {
+                t: math.fsum(r["hit_rate_by_type"].get(t, 0.0) for r in rs) / len(rs) for t in types
+            }
+            out.append(rec)
+    return out
+
+
+def compare_policies(runs: list[dict[str, Any]], config: ExperimentConfig) -> list[dict[str, Any]]:
+    """Per capacity and headline metric: the best online policy by across-seed mean, and every
+    other policy's paired difference from it (95% CI; same seed = same trace)."""
+    out = []
+    online = config.online_policies
+    for cap in config.capacities:
+        by_policy = {
+            p.key: sorted(
+                (r for r in runs if r["capacity"] == str(cap) and r["policy"] == p.key),
+                key=lambda r: r["seed"],
+            )
+            for p in config.policies
+        }
+        metrics = ["ttft_ms_mean", "token_hit_rate"]
+        if config.seed_claim is not None and config.seed_claim.metric not in metrics:
+            metrics.append(config.seed_claim.metric)
+        for metric in metrics:
+            better = METRICS[metric]
+            means = {
+                k: mean_ci([r[metric] for r in rs])["mean"] for k, rs in by_policy.items() if rs
+            }
+            cands = [p.key for p in online if means.get(p.key) is not None]
+            if not cands:
+                continue
+            sign = 1.0 if better == "lower" else -1.0
+            best = min(cands, key=lambda k: (sign * means[k], cands.index(k)))
+            diffs = {}
+            best_values = [r[metric] for r in by_policy[best]]
+            for k, rs in by_policy.items():
+                if k == best or not rs:
+                    continue
+                values = [r[metric] for r in rs]
+                d = paired_diff(values, best_values)
+                lo, hi = d["ci95_low"], d["ci95_high"]
+                diffs[k] = {
+                    **d,
+                    "identical": values == best_values,
+                    "distinguishable": None if lo is None else bool(lo > 0 or hi < 0),
+                }
+            out.append(
+                {
+                    "capacity": str(cap),
+                    "metric": metric,
+                    "better": better,
+                    "best_online": best,
+                    "tied_with": [k for k in cands if k in diffs and diffs[k]["identical"]],
+                    "means": means,
+                    "diff_vs_best": diffs,
+                }
+            )
+    return out
+
+
+def _memory_series(memory: list[dict[str, float]], capacity_blocks: int) -> dict[str, list]:
+    """Mean over replicas, in ``SERIES_POINTS`` equal time bins, of the cache's utilisation
+    (cached / usable blocks) and of the share of capacity pinned by running requests."""
+    if not memory:
+        return {"time_s": [], "utilisation": [], "pinned_share": []}
+    t0 = min(m["time_s"] for m in memory)
+    t1 = max(m["time_s"] for m in memory)
+    width = (t1 - t0) / SERIES_POINTS or 1.0
+    sums: dict[int, list[float]] = {}
+    for m in memory:
+        b = min(int((m["time_s"] - t0) / width), SERIES_POINTS - 1)
+        acc = sums.setdefault(b, [0.0, 0.0, 0.0])
+        acc[0] += m["utilisation"]
+        acc[1] += m["pinned_blocks"] / capacity_blocks
+        acc[2] += 1
+    bins = sorted(sums)
+    return {
+        "time_s": [t0 + (b + 0.5) * width for b in bins],
+        "utilisation": [sums[b][0] / sums[b][2] for b in bins],
+        "pinned_share": [sums[b][1] / sums[b][2] for b in bins],
+    }
+
+
+def _weight_series(rows: list[dict[str, float]], run: dict[str, Any]) -> dict[str, Any]:
+    """Replica 0's learned weights, at most ``SERIES_POINTS`` evenly spaced samples, for the
+    semantic types this trace has (prompt types plus evicted types)."""
+    rows = [r for r in rows if r.get("replica", 0) == 0]
+    if len(rows) > SERIES_POINTS:
+        step = (len(rows) - 1) / (SERIES_POINTS - 1)
+        rows = [rows[round(i * step)] for i in range(SERIES_POINTS)]
+    present = set(run["hit_rate_by_type"]) | set(run["evictions_by_type"])
+    keys = sorted(k for k in (rows[0] if rows else {}) if k.startswith("w_") and k[2:] in present)
+    return {"time_s": [r["time_s"] for r in rows], **{k: [r[k] for r in rows] for k in keys}}
+
+
+def _json_ready(obj: Any) -> Any:
+    """NaN / inf -> None (strict JSON), tuples -> lists, numpy scalars -> Python numbers."""
+    if isinstance(obj, dict):
+        return {str(k): _json_ready(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_json_ready(v) for v in obj]
+    if isinstance(obj, bool) or obj is None or isinstance(obj, str | int):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if hasattr(obj, "item"):  # numpy scalar
+        return _json_ready(obj.item())
+    return obj
+
+
+def _note(lines: list[str], msg: str) -> None:
+    lines.append(msg)
+    log.info(msg)
+
+
+# ----------------------------------------------------------------------------------------
+# writing
+
+
+def dumps_json(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def runs_csv(runs: list[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(
+        buf, fieldnames=list(RUN_COLUMNS), extrasaction="ignore", lineterminator="\n"
+    )
+    w.writeheader()
+    for r in runs:
+        w.writerow({k: _cell(r.get(k)) for k in RUN_COLUMNS})
+    return buf.getvalue()
+
+
+def summary_columns() -> list[str]:
+    cols = ["experiment", "policy", "policy_name", "offline", "capacity", "capacity_blocks"]
+    cols.append("n_seeds")
+    for m in SUMMARY_METRICS:
+        cols += [f"{m}_mean", f"{m}_std", f"{m}_ci95_low", f"{m}_ci95_high"]
+    return cols
+
+
+def summary_csv(doc: dict[str, Any]) -> str:
+    buf = io.StringIO()
+    cols = summary_columns()
+    w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
+    w.writeheader()
+    for rec in doc["aggregate"]:
+        row: dict[str, Any] = {"experiment": doc["experiment"]}
+        for k in ("policy", "policy_name", "offline", "capacity", "capacity_blocks", "n_seeds"):
+            row[k] = _cell(rec[k])
+        for m in SUMMARY_METRICS:
+            for part in ("mean", "std", "ci95_low", "ci95_high"):
+                row[f"{m}_{part}"] = _cell(rec[m][part])
+        w.writerow(row)
+    return buf.getvalue()
+
+
+def _cell(v: Any) -> Any:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return repr(v) if math.isfinite(v) else ""
+    return v
+
+
+def new_run_dir(output_root: Path, experiment_id: str, now: dt.datetime | None = None) -> Path:
+    stamp = (now or dt.datetime.now()).strftime("%Y%m%d_%H%M%S")
+    base = output_root / f"{stamp}_{experiment_id}"
+    path, k = base, 1
+    while path.exists():
+        k += 1
+        path = base.with_name(f"{base.name}_{k}")
+    path.mkdir(parents=True)
+    return path
+
+
+def write_outputs(doc: dict[str, Any], out_dir: Path) -> None:
+    """Every deterministic output of one experiment (all but ``run.log``)."""
+    from skv.experiments.plots import write_plots
+    from skv.experiments.report import summary_markdown
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results.json").write_text(dumps_json(doc), encoding="utf-8")
+    (out_dir / "metrics.csv").write_text(runs_csv(doc["runs"]), encoding="utf-8")
+    (out_dir / "metrics_summary.csv").write_text(summary_csv(doc), encoding="utf-8")
+    (out_dir / "summary.md").write_text(summary_markdown(doc), encoding="utf-8")
+    write_plots(doc, out_dir)
+
+
+def run_experiment(
+    config: ExperimentConfig | str | Path,
+    output_root: str | Path = "outputs/experiments",
+    *,
+    quick: bool = False,
+    progress: bool | None = False,
+) -> Path:
+    """Run one experiment; returns its output directory."""
+    source = None
+    if not isinstance(config, ExperimentConfig):
+        source = Path(config)
+        config = load_config(source)
+    t0 = time.perf_counter()
+    started = dt.datetime.now()
+    timings: list[str] = [
+        f"experiment {config.id}" + (f" from {source}" if source else ""),
+        f"started {started.isoformat(timespec='seconds')}" + (" (quick)" if quick else ""),
+    ]
+    log.info(
+        "experiment %s: %d seed(s) x %d capacit(ies) x %d polic(ies)%s",
+        config.id,
+        len(config.seeds),
+        len(config.capacities),
+        len(config.policies),
+        " (quick)" if quick else "",
+    )
+    doc = simulate_experiment(config, quick=quick, progress=progress, timings=timings)
+    out_dir = new_run_dir(Path(output_root), config.id, started)
+    t1 = time.perf_counter()
+    write_outputs(doc, out_dir)
+    timings.append(f"wrote outputs ({time.perf_counter() - t1:.2f} s)")
+    timings.append(f"total {time.perf_counter() - t0:.2f} s")
+    (out_dir / "run.log").write_text("\n".join(timings) + "\n", encoding="utf-8")
+    log.info("experiment %s done in %.1f s: %s", config.id, time.perf_counter() - t0, out_dir)
+    return out_dir
+
+
+def suite_configs(config_dir: str | Path = "experiments") -> list[Path]:
+    """The suite: every ``*.yaml`` in ``config_dir`` whose config has ``in_suite: true``."""
+    paths = sorted(Path(config_dir).glob("*.yaml"))
+    if not paths:
+        raise FileNotFoundError(f"{config_dir}: no *.yaml experiment configs")
+    return [p for p in paths if load_config(p).in_suite]
+
+
+def run_all(
+    configs: Sequence[str | Path] | None = None,
+    output_root: str | Path = "outputs/experiments",
+    *,
+    config_dir: str | Path = "experiments",
+    quick: bool = False,
+    progress: bool | None = False,
+) -> tuple[list[Path], list[Path]]:
+    """Run every config (the suite of ``config_dir`` when ``configs`` is None) and write the
+    aggregate summary; returns (run directories, aggregate files)."""
+    from skv.experiments.report import write_aggregate
+
+    paths = [Path(c) for c in configs] if configs else suite_configs(config_dir)
+    loaded = [(p, load_config(p)) for p in paths]  # every config valid before anything runs
+    ids = [c.id for _, c in loaded]
+    dupes = sorted({i for i in ids if ids.count(i) > 1})
+    if dupes:
+        raise ValueError(f"experiment ids used twice: {', '.join(dupes)}")
+    out_root = Path(output_root)
+    run_dirs = []
+    for i, (path, config) in enumerate(loaded, 1):
+        log.info("run-all [%d/%d] %s", i, len(loaded), path)
+        run_dirs.append(run_experiment(config, out_root, quick=quick, progress=progress))
+    docs = [json.loads((d / "results.json").read_text(encoding="utf-8")) for d in run_dirs]
+    files = write_aggregate(docs, run_dirs, out_root)
+    return run_dirs, files

@@ -9,12 +9,10 @@ Results are tidy rows (one per policy x capacity) written as CSV and JSON.
 from __future__ import annotations
 
 import csv
-import gc
 import json
 import logging
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,7 @@ from skv.blocks import DEFAULT_BLOCK_SIZE, KeyingMode, RequestBlocks, request_bl
 from skv.fileio import atomic_write
 from skv.model import NUM_TYPES, TYPES, Request
 from skv.policies.registry import OFFLINE, make_cache, policy_class
+from skv.runtime import no_cyclic_gc
 from skv.sizing import Capacity
 
 log = logging.getLogger(__name__)
@@ -142,7 +141,7 @@ def replay_one(
             mininterval=1.0,
             leave=False,
         ) as bar,
-        _no_cyclic_gc(),
+        no_cyclic_gc(),
     ):
         for start in range(0, len(trace), chunk):
             stop = min(start + chunk, len(trace))
@@ -190,23 +189,6 @@ def replay_one(
         elapsed,
     )
     return row
-
-
-@contextmanager
-def _no_cyclic_gc() -> Iterator[None]:
-    """Pause the cyclic garbage collector during a replay.
-
-    A replay allocates millions of small objects, and each collection would walk the whole
-    compiled trace; the cache frees what it evicts by reference counting (evicted blocks are
-    unlinked), so nothing piles up meanwhile.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _by_type(values: list[int]) -> dict[str, int]:

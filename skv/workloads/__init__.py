@@ -37,6 +37,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from skv.model import Request
+from skv.runtime import no_cyclic_gc
 from skv.workloads import (
     legal_review,
     multi_turn_chat,
@@ -55,7 +56,6 @@ from skv.workloads.base import (
     TextGen,
     WorkloadParams,
     ZipfSampler,
-    no_cyclic_gc,
     plan_sessions,
     poisson_arrivals,
 )

@@ -22,11 +22,9 @@ test checks this against ``Segmenter.messages`` on every workload.
 
 from __future__ import annotations
 
-import gc
 import json
 import math
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -644,20 +642,3 @@ def mixed_turns(
         return np.where(rng.random(k) < single_fraction, 1, multi)
 
     return draw, single_fraction + (1 - single_fraction) * (low + high) / 2
-
-
-@contextmanager
-def no_cyclic_gc() -> Iterator[None]:
-    """Pause the cyclic garbage collector while generating.
-
-    Generation allocates millions of small objects that all stay alive (chats, segments,
-    memoised texts); each collection would walk all of them again, which makes generation
-    time grow faster than the number of requests. Nothing cyclic is freed meanwhile.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()

@@ -12,7 +12,7 @@ import yaml
 
 from skv.cli import build_parser, main
 from skv.experiments.config import ConfigError, config_from_dict, load_config
-from skv.experiments.report import claim_verdict, summary_markdown
+from skv.experiments.report import claim_verdict, standing, summary_markdown
 from skv.experiments.runner import (
     OUTPUT_FILES,
     PLOT_FILES,
@@ -22,6 +22,7 @@ from skv.experiments.runner import (
     compare_policies,
     run_all,
     run_experiment,
+    simulate_experiment,
     workload_params,
 )
 from skv.experiments.stats import mean_ci
@@ -182,7 +183,9 @@ def test_mean_ci_is_student_t():
     assert mean_ci([])["mean"] is None
 
 
-def _fake_doc(adaptive: list[float], lru: list[float]) -> dict:
+def _fake_doc(
+    adaptive: list[float], lru: list[float], extra: dict[str, dict] | None = None
+) -> dict:
     data = smoke_data()
     data["policies"] = ["lru", "adaptive_semantic", "belady"]
     data["seeds"] = [0, 1, 2]
@@ -204,6 +207,7 @@ def _fake_doc(adaptive: list[float], lru: list[float]) -> dict:
                 hit_rate_by_type={},
                 evictions_by_type={},
             )
+            run.update((extra or {}).get(pol, {}))
             runs.append(run)
     return {
         "experiment": "fake",
@@ -239,6 +243,78 @@ def test_a_seed_claim_that_holds_and_ties_are_reported_as_such():
     assert "tied" in lines[0]
     md = summary_markdown(_fake_doc(adaptive=[10.0, 11.0, 12.0], lru=[10.0, 11.0, 12.0]))
     assert "tie between" in md
+
+
+ADAPTIVE_TYPES = {
+    "adaptive_semantic": {
+        "hit_rate_by_type": {"retrieved_context": 0.71, "system": 0.95},
+        "prompt_tokens_by_type": {"retrieved_context": 10_000, "system": 2_000},
+        "evictions_by_type": {"output": 40, "retrieved_context": 300, "system": 5},
+        "initial_weights": {"output": 1.0, "retrieved_context": 4.0, "system": 8.0},
+        "final_weights": {"output": 1.0, "retrieved_context": 5.2, "system": 6.0},
+    },
+    "lru": {
+        "hit_rate_by_type": {"retrieved_context": 0.74, "system": 0.90},
+        "prompt_tokens_by_type": {"retrieved_context": 10_000, "system": 2_000},
+        "evictions_by_type": {"output": 35, "retrieved_context": 250, "system": 20},
+    },
+}
+
+
+def test_when_adaptive_loses_the_summary_says_why_from_the_data():
+    md = summary_markdown(_fake_doc([12.0, 13.0, 14.0], [10.0, 11.0, 12.0], ADAPTIVE_TYPES))
+    assert "### Why `adaptive_semantic` does not win at `50%` (vs `lru`)" in md
+    why = md.split("### Why")[1].split("## ")[0]
+    # per-type hit rates side by side, in points, weighted by each type's share of the prompt
+    assert (
+        "| `retrieved_context` | 83.3% | 71.0% | 74.0% | -3.0 pts | 300 | 250 | 4.00 → 5.20 |"
+        in why
+    )
+    assert "| `system` | 16.7% | 95.0% | 90.0% | +5.0 pts | 5 | 20 | 8.00 → 6.00 |" in why
+    assert "| `output` | - | - | - | - | 40 | 35 | 1.00 → 1.00 |" in why
+    # 10,000 * -3 pts + 2,000 * +5 pts: -300 on retrieved_context, +100 on system, -200 in all
+    assert "hits 200 fewer prompt tokens than `lru`" in why
+    assert "fewer on `retrieved_context` (-300, -3.0 pts); more on `system` (+100, +5.0 pts)" in why
+    assert "`retrieved_context` +50" in why and "`system` -15" in why
+    assert "the type it loses most tokens on, rose (4.00 → 5.20)" in why
+    assert why.count("\n- ") <= 4  # compact: a table and at most four bullets
+
+
+def test_no_why_section_where_adaptive_wins_or_ties():
+    won = summary_markdown(_fake_doc([9.0, 10.0, 11.5], [10.0, 11.0, 12.0], ADAPTIVE_TYPES))
+    assert "reproduced" in won and "### Why" not in won
+    tied = summary_markdown(_fake_doc([10.0, 11.0, 12.0], [10.0, 11.0, 12.0], ADAPTIVE_TYPES))
+    assert "### Why" not in tied
+
+
+def test_a_forced_adaptive_loss_gets_a_why_section_end_to_end():
+    # adaptive_semantic told to evict shared system prompts and documents first, and not to
+    # learn (eta 0): it must keep fewer of them than lru
+    data = smoke_data()
+    data["workload"] = {
+        "name": "rag",
+        "params": {"num_requests": 120, "rate_rps": 1.0, "catalogue_size": 50},
+    }
+    inverted = {"system": 0.01, "retrieved_context": 0.01, "user_query": 100.0, "output": 100.0}
+    data["policies"] = [
+        "lru",
+        {"name": "adaptive_semantic", "params": {"eta": 0.0, "initial_weights": inverted}},
+    ]
+    data.update(keying="segment", capacities=["25%"])
+    doc = simulate_experiment(config_from_dict(data))
+    assert standing(doc, "25%", "ttft_ms_mean", "adaptive_semantic")["status"] in (
+        "worse",
+        "within_noise",
+    )
+    md = summary_markdown(doc)
+    assert "### Why `adaptive_semantic` does not win at `25%` (vs `lru`)" in md
+    assert "fewer prompt tokens than `lru`" in md and "fewer on `system`" in md
+    runs = [r for r in doc["runs"] if r["policy"] == "adaptive_semantic"]
+    assert all(r["initial_weights"]["system"] == 0.01 for r in runs)
+    assert all(r["final_weights"]["system"] == pytest.approx(0.01) for r in runs)
+    for r in doc["runs"]:
+        assert all(0.0 <= v <= 1.0 for v in r["block_hit_rate_by_type"].values())
+        assert sum(r["prompt_tokens_by_type"].values()) == r["prompt_tokens"]
 
 
 # ----------------------------------------------------------------------------------------
@@ -287,6 +363,11 @@ def test_skv_run_writes_every_output(smoke_runs):
 
     summary = (out / "summary.md").read_text()
     assert "simulated" in summary.lower() and "`linear` latency model" in summary
+    # the "why" section exactly where adaptive_semantic is not clearly the best
+    status = standing(doc, "50%", "ttft_ms_mean", "adaptive_semantic")["status"]
+    assert ("### Why `adaptive_semantic`" in summary) == (status not in ("best", "tied"))
+    (adaptive,) = [r for r in doc["aggregate"] if r["policy"] == "adaptive_semantic"]
+    assert set(adaptive["final_weights"]) == set(adaptive["initial_weights"]) >= {"system"}
     assert "mean ± 95% CI" in summary
     log = (out / "run.log").read_text()
     assert "total" in log and " s" in log

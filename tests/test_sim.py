@@ -127,3 +127,14 @@ def test_belady_knows_when_cached_answers_are_used_again():
         for p in ("lru", "lfu", "belady")
     }
     assert hits["belady"] >= max(hits["lru"], hits["lfu"])
+
+
+def test_block_hit_rate_by_type_favours_shared_system_blocks():
+    res = simulate(rag_requests(n=200), SimConfig(capacity_blocks=300), LINEAR, progress=False)
+    by_type = res.summary["block_hit_rate_by_type"]
+    assert set(by_type) == set(res.summary["hit_rate_by_type"])
+    assert all(0.0 <= v <= 1.0 for v in by_type.values())
+    # the system prompt is shared by every request; each user query is unique
+    assert by_type["system"] > by_type["user_query"]
+    assert by_type["system"] > 0.9
+    assert by_type["user_query"] == 0.0

@@ -328,6 +328,186 @@ def adaptive_line(doc: dict[str, Any]) -> str | None:
     return text + "."
 
 
+def _adaptive_metric(doc: dict[str, Any], key: str) -> str:
+    """The metric adaptive semantic eviction is judged on: the seed claim's, when the claim
+    names it, else mean TTFT (the report's headline)."""
+    claim = doc["config"].get("seed_claim") or {}
+    if claim.get("winner") == key and claim.get("metric"):
+        return str(claim["metric"])
+    return "ttft_ms_mean"
+
+
+def _pts(a: float, b: float) -> str:
+    d = round((a - b) * 100.0, 1)
+    return f"{'+' if d > 0 else '-' if d < 0 else ''}{abs(d):.1f} pts"
+
+
+def _pct_text(v: float) -> str:
+    return f"{v:.1%}"
+
+
+def _signed(v: float, digits: int = 0) -> str:
+    return f"{'+' if v >= 0 else '-'}{abs(v):,.{digits}f}"
+
+
+def why_adaptive_loses(doc: dict[str, Any], capacity: str) -> list[str]:
+    """A short, data-only account of why ``adaptive_semantic`` is not clearly the best online
+    policy at ``capacity``: per-type hit rates and evictions next to the policy it is compared
+    with, and its learned type weights (initial -> last logged, seed mean). Empty where it is
+    clearly best, tied on every seed, or absent."""
+    recs = {r["policy"]: r for r in _records(doc, capacity)}
+    out: list[str] = []
+    for key, ad in recs.items():
+        if ad["policy_name"] != ADAPTIVE or ad["offline"]:
+            continue
+        metric = _adaptive_metric(doc, key)
+        st = standing(doc, capacity, metric, key)
+        status = st["status"]
+        if status in ("best", "tied", "absent"):
+            continue
+        c = st["comparison"]
+        if status == "best_noisy":
+            # compare with the runner-up: the online policy closest to it
+            near = st["near"]
+            other = min(near, key=lambda k: (abs(c["diff_vs_best"][k].get("mean") or 0.0), k))
+            head = f"### Why `{key}` is not clearly ahead at `{capacity}` (vs `{other}`)"
+            lead = (
+                f"`{key}` has the best {METRIC_LABELS.get(metric, metric)} but `{other}` is "
+                f"within noise of it (`{other}` minus `{key}`: "
+                f"{fmt_diff(c['diff_vs_best'][other], metric)})."
+            )
+        else:
+            other = st["best"]
+            head = f"### Why `{key}` does not win at `{capacity}` (vs `{other}`)"
+            lead = (
+                f"`{other}` has the best {METRIC_LABELS.get(metric, metric)}; `{key}` minus "
+                f"`{other}`: {fmt_diff(c['diff_vs_best'].get(key, {}), metric)}"
+                + (" (within noise)" if status == "within_noise" else "")
+                + "."
+            )
+        behind = status != "best_noisy"
+        out += [head, "", *_why_body(key, ad, other, recs[other], metric, lead, behind), ""]
+    return out
+
+
+def _why_body(
+    key: str,
+    ad: dict[str, Any],
+    other: str,
+    ot: dict[str, Any],
+    metric: str,
+    lead: str,
+    behind: bool,
+) -> list[str]:
+    hit_a, hit_o = ad.get("hit_rate_by_type", {}), ot.get("hit_rate_by_type", {})
+    ev_a, ev_o = ad.get("evictions_by_type", {}), ot.get("evictions_by_type", {})
+    toks = ad.get("prompt_tokens_by_type") or ot.get("prompt_tokens_by_type") or {}
+    w0, w1 = ad.get("initial_weights") or {}, ad.get("final_weights") or {}
+    total_tokens = sum(toks.values())
+    types = sorted(
+        set(hit_a) | set(hit_o) | set(ev_a) | set(ev_o),
+        key=lambda t: (-toks.get(t, 0.0), t),
+    )
+    lines: list[str] = []
+    worse: list[str] = []
+    if types:
+        lines += [
+            f"| semantic type | share of prompt tokens | token hit rate: `{key}` | `{other}` "
+            f"| difference | evictions: `{key}` | `{other}` "
+            f"| `{key}` weight, initial → last logged |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for t in types:
+            share = _pct_text(toks[t] / total_tokens) if total_tokens and t in toks else "-"
+            ha, ho = hit_a.get(t), hit_o.get(t)
+            in_prompt = t in hit_a or t in hit_o
+            cells = [
+                f"`{t}`",
+                share,
+                _pct_text(ha or 0.0) if in_prompt else "-",
+                _pct_text(ho or 0.0) if in_prompt else "-",
+                _pts(ha or 0.0, ho or 0.0) if in_prompt else "-",
+                f"{ev_a.get(t, 0.0):,.0f}",
+                f"{ev_o.get(t, 0.0):,.0f}",
+                f"{w0[t]:.2f} → {w1[t]:.2f}" if t in w0 and t in w1 else "-",
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    else:
+        lines += ["No per-type hit rates or evictions were recorded for these runs.", ""]
+    # 1: the headline numbers side by side
+    parts = [lead]
+
+    def m(rec: dict[str, Any], name: str) -> float | None:
+        return (rec.get(name) or {}).get("mean")
+
+    tr_a, tr_o = m(ad, "token_hit_rate"), m(ot, "token_hit_rate")
+    if tr_a is not None and tr_o is not None:
+        parts.append(
+            f"Token hit rate {_pct_text(tr_a)} vs {_pct_text(tr_o)} ({_pts(tr_a, tr_o)}); "
+            f"mean TTFT {fmt_value(m(ad, 'ttft_ms_mean'), 'ttft_ms_mean')} vs "
+            f"{fmt_value(m(ot, 'ttft_ms_mean'), 'ttft_ms_mean')} ms; mean queueing "
+            f"{fmt_value(m(ad, 'queue_ms_mean'), 'queue_ms_mean')} vs "
+            f"{fmt_value(m(ot, 'queue_ms_mean'), 'queue_ms_mean')} ms."
+        )
+    lines.append("- " + " ".join(parts))
+    # 2: where the hit-token gap comes from
+    ht_a, ht_o = ad.get("hit_tokens_by_type"), ot.get("hit_tokens_by_type")
+    if ht_a is not None and ht_o is not None and types:
+        gaps = {t: ht_a.get(t, 0.0) - ht_o.get(t, 0.0) for t in types if t in toks}
+        total = math.fsum(gaps.values())
+        worse = sorted((t for t in gaps if gaps[t] < -0.5), key=lambda t: gaps[t])
+        better = sorted((t for t in gaps if gaps[t] > 0.5), key=lambda t: -gaps[t])
+        more_less = "more" if total >= 0 else "fewer"
+        text = (
+            f"Over a run, `{key}` hits {abs(total):,.0f} {more_less} prompt tokens than "
+            f"`{other}` (seed mean)"
+        )
+
+        def gap(t: str) -> str:
+            return f"`{t}` ({_signed(gaps[t])}, {_pts(hit_a.get(t, 0.0), hit_o.get(t, 0.0))})"
+
+        if worse:
+            text += "; fewer on " + ", ".join(gap(t) for t in worse[:3])
+        if better:
+            text += "; more on " + ", ".join(gap(t) for t in better[:3])
+        if not worse and not better:
+            text += "; the same on every type"
+        text += "."
+        if behind and total >= 0 and metric != "token_hit_rate":
+            text += (
+                f" It hits no fewer tokens, so its {METRIC_LABELS.get(metric, metric)} gap does "
+                "not come from a lower overall hit count."
+            )
+        lines.append("- " + text)
+    # 3: evictions by type
+    if ev_a or ev_o:
+        diffs = {t: ev_a.get(t, 0.0) - ev_o.get(t, 0.0) for t in set(ev_a) | set(ev_o)}
+        top = sorted((t for t in diffs if abs(diffs[t]) >= 0.5), key=lambda t: (-abs(diffs[t]), t))
+        text = (
+            f"Evictions: `{key}` {sum(ev_a.values()):,.0f} vs `{other}` {sum(ev_o.values()):,.0f}"
+        )
+        if top:
+            text += "; by type " + ", ".join(f"`{t}` {_signed(diffs[t])}" for t in top[:4])
+        lines.append("- " + text + ".")
+    # 4: learned weights
+    if w0 and w1:
+        moved = sorted((t for t in w1 if t in w0), key=lambda t: (-abs(math.log(w1[t] / w0[t])), t))
+        text = "Learned weights (initial → last logged, seed mean): " + ", ".join(
+            f"`{t}` {w0[t]:.2f} → {w1[t]:.2f}" for t in moved
+        )
+        lost = [t for t in worse if t in w0 and t in w1]
+        if lost:
+            t = lost[0]
+            verb = "rose" if w1[t] > w0[t] else "fell" if w1[t] < w0[t] else "stayed"
+            text += (
+                f". Its weight for `{t}`, the type it loses most tokens on, {verb} "
+                f"({w0[t]:.2f} → {w1[t]:.2f})"
+            )
+        lines.append("- " + text + ".")
+    return lines
+
+
 def summary_markdown(doc: dict[str, Any]) -> str:
     cfg = doc["config"]
     lat = doc["latency"]
@@ -405,6 +585,7 @@ def summary_markdown(doc: dict[str, Any]) -> str:
         if bl:
             out.append(bl)
         out.append("")
+        out += why_adaptive_loses(doc, cap)
     out += ["## Verdict", ""]
     verdict = claim_verdict(doc)
     if verdict is not None:

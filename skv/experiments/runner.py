@@ -220,8 +220,11 @@ def simulate_experiment(
                     "seed": seed,
                     **{m: s[m] for m in RUN_METRICS},
                     "hit_rate_by_type": dict(sorted(s["hit_rate_by_type"].items())),
+                    "block_hit_rate_by_type": dict(sorted(s["block_hit_rate_by_type"].items())),
+                    "prompt_tokens_by_type": dict(sorted(s["prompt_tokens_by_type"].items())),
                     "evictions_by_type": dict(sorted(s["evictions_by_type"].items())),
                 }
+                run.update(_learned_weights(pol.name, dict(pol.params), res.policy_series, run))
                 runs.append(run)
                 done += 1
                 _note(
@@ -296,12 +299,55 @@ def aggregate_runs(runs: list[dict[str, Any]], config: ExperimentConfig) -> list
             rec["evictions_by_type"] = {
                 t: math.fsum(r["evictions_by_type"].get(t, 0) for r in rs) / len(rs) for t in types
             }
-            types = sorted({t for r in rs for t in r["hit_rate_by_type"]})
-            rec["hit_rate_by_type"] = {
-                t: math.fsum(r["hit_rate_by_type"].get(t, 0.0) for r in rs) / len(rs) for t in types
-            }
+            for key in ("hit_rate_by_type", "block_hit_rate_by_type", "prompt_tokens_by_type"):
+                rec[key] = _mean_by_type([r.get(key, {}) for r in rs])
+            if all("prompt_tokens_by_type" in r for r in rs):
+                rec["hit_tokens_by_type"] = _mean_by_type(
+                    [
+                        {
+                            t: n * r["hit_rate_by_type"].get(t, 0.0)
+                            for t, n in r["prompt_tokens_by_type"].items()
+                        }
+                        for r in rs
+                    ]
+                )
+            if all("final_weights" in r for r in rs):
+                rec["initial_weights"] = rs[0]["initial_weights"]
+                rec["final_weights"] = _mean_by_type([r["final_weights"] for r in rs])
             out.append(rec)
     return out
+
+
+def _mean_by_type(rows: list[dict[str, float]]) -> dict[str, float]:
+    """Per-type mean over runs (a type a run lacks counts as 0), types sorted by name."""
+    types = sorted({t for r in rows for t in r})
+    return {t: math.fsum(r.get(t, 0.0) for r in rows) / len(rows) for t in types}
+
+
+def _learned_weights(
+    name: str, params: dict[str, Any], policy_series: list[dict[str, float]], run: dict[str, Any]
+) -> dict[str, Any]:
+    """``initial_weights`` / ``final_weights`` of a policy that reports ``w_<type>`` metrics
+    (adaptive_semantic): its configured starting weights and the last logged value of each
+    replica (mean over replicas), for the semantic types this trace has. Empty otherwise."""
+    last: dict[int, dict[str, float]] = {}
+    for row in policy_series:
+        last[int(row.get("replica", 0))] = row
+    rows = list(last.values())
+    present = set(run["hit_rate_by_type"]) | set(run["evictions_by_type"])
+    types = sorted({k[2:] for r in rows for k in r if k.startswith("w_")} & present)
+    if not types:
+        return {}
+    from skv.policies.registry import policy_class
+
+    initial = policy_class(name)(**params).params().get("initial_weights")
+    if not isinstance(initial, dict):
+        return {}
+    types = [t for t in types if t in initial and all(f"w_{t}" in r for r in rows)]
+    return {
+        "initial_weights": {t: float(initial[t]) for t in types},
+        "final_weights": {t: math.fsum(r[f"w_{t}"] for r in rows) / len(rows) for t in types},
+    }
 
 
 def compare_policies(runs: list[dict[str, Any]], config: ExperimentConfig) -> list[dict[str, Any]]:

@@ -78,10 +78,13 @@ def summarize(
     span = max(end - start, 1e-9)
     stats = [rep.cache.stats for rep in replicas]
     type_tokens = [0] * NUM_TYPES
+    type_blocks = [0] * NUM_TYPES
     for st in states:
         for tok, t in zip(st.rb.tokens, st.rb.stypes, strict=True):
             type_tokens[t] += tok
+            type_blocks[t] += 1
     hit_by_type = [sum(s.hit_tokens_by_type[t] for s in stats) for t in range(NUM_TYPES)]
+    hit_blocks_by_type = [sum(s.hit_blocks_by_type[t] for s in stats) for t in range(NUM_TYPES)]
     evict_by_type = [sum(s.evictions_by_type[t] for s in stats) for t in range(NUM_TYPES)]
     util = [m["utilisation"] for m in memory]
     desc = latency.describe()
@@ -108,6 +111,14 @@ def summarize(
             TYPES[t].value: hit_by_type[t] / type_tokens[t]
             for t in range(NUM_TYPES)
             if type_tokens[t]
+        },
+        "prompt_tokens_by_type": {
+            TYPES[t].value: type_tokens[t] for t in range(NUM_TYPES) if type_tokens[t]
+        },
+        "block_hit_rate_by_type": {
+            TYPES[t].value: hit_blocks_by_type[t] / type_blocks[t]
+            for t in range(NUM_TYPES)
+            if type_blocks[t]
         },
         "evictions": sum(s.evictions for s in stats),
         "evictions_by_type": {

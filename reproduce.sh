@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # One entry point for users, reviewers and CI.
-#   ./reproduce.sh          bootstrap .venv, then regenerate every result table
+#   ./reproduce.sh                bootstrap .venv, then execute every paper notebook (figures/,
+#                                 paper/tables/, build/); unchanged steps are cached
+#   ./reproduce.sh --quick        reduced sizes (<= 5 min) into build/quick/
+#   ./reproduce.sh fig_NAME ...   only those steps (and what they need); --force, -j N also work
+#   ./reproduce.sh check [--quick]  compare produced numbers with experiments/claims.yaml
+#   ./reproduce.sh list           the notebook steps
 #   ./reproduce.sh test     bootstrap .venv, then run the test suite (lint + pytest)
 #   ./reproduce.sh bench    bootstrap .venv, then run the replay speed benchmark
 # Needs only Python >= 3.11 with pip and venv. Real traces are read from $SKV_TRACE_DIR
@@ -37,38 +42,17 @@ run_tests() {
     "$VENV/bin/python" -m pytest -q "$@"
 }
 
-run_main() {
-    local out=build/replay
-    mkdir -p "$out"
-    "$VENV/bin/skv" check
-    local tdir
-    tdir=$("$VENV/bin/python" -c 'from skv.traces import trace_dir; print(trace_dir() or "")')
-    local mooncake="$tdir/mooncake/conversation_trace.jsonl"
-    local weka="$tdir/weka_cc"
-    if [[ -n "$tdir" && -f "$mooncake" ]]; then
-        echo "[reproduce] replay: Mooncake conversation trace"
-        "$VENV/bin/skv" replay "$mooncake" --quiet \
-            --policies fifo lru lfu slru gdsf sglang_lru vllm static_semantic adaptive_semantic belady \
-            --capacity 2% 5% 10% 20% 40% --output "$out/mooncake"
-    else
-        echo "[reproduce] SKIPPED mooncake replay: trace not found (set SKV_TRACE_DIR)"
-    fi
-    if [[ -n "$tdir" && -d "$weka" ]]; then
-        echo "[reproduce] replay: Claude Code sessions"
-        "$VENV/bin/skv" replay "$weka" --quiet \
-            --policies fifo lru lfu slru gdsf sglang_lru vllm static_semantic adaptive_semantic belady \
-            --capacity 0.2% 0.5% 1% 2% 5% --output "$out/claude_code"
-    else
-        echo "[reproduce] SKIPPED claude_code replay: trace not found (set SKV_TRACE_DIR)"
-    fi
-}
-
 cmd=${1:-all}
-[[ $# -gt 0 ]] && shift
+case "$cmd" in
+    test | bench | check | list | all) [[ $# -gt 0 ]] && shift ;;
+    -* | fig_* | tab_*) cmd=all ;;  # options and step names go to the pipeline
+    *) echo "usage: $0 [test|bench|check|list] | [--quick] [--force] [-j N] [STEP ...]" >&2; exit 2 ;;
+esac
 bootstrap
 case "$cmd" in
     test) run_tests "$@" ;;
     bench) "$VENV/bin/python" benchmarks/replay_speed.py "$@" ;;
-    all) run_main ;;
-    *) echo "usage: $0 [test|bench]" >&2; exit 2 ;;
+    check) "$VENV/bin/python" -m skv.pipeline check "$@" ;;
+    list) "$VENV/bin/python" -m skv.pipeline list ;;
+    all) "$VENV/bin/skv" check && "$VENV/bin/python" -m skv.pipeline run "$@" ;;
 esac

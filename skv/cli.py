@@ -116,9 +116,15 @@ def cmd_check(args: argparse.Namespace) -> int:
             "info    hot path runs as plain Python (no C compiler at install): slower, same results"
         )
     root = Path(__file__).resolve().parent.parent
-    configs = sorted((root / "experiments").glob("*.yaml"))
     try:
         from skv.experiments.config import load_config
+        from skv.experiments.runner import NOT_EXPERIMENTS
+
+        configs = [
+            p
+            for p in sorted((root / "experiments").glob("*.yaml"))
+            if p.name not in NOT_EXPERIMENTS
+        ]
 
         for path in configs:
             load_config(path)

@@ -55,9 +55,10 @@ def write_config(tmp_path: Path, name: str, data: dict) -> Path:
 
 
 def test_shipped_configs_are_valid_and_the_stress_suite_is_complete():
-    names = {p.stem for p in EXPERIMENTS.glob("*.yaml")}
+    paths = [p for p in EXPERIMENTS.glob("*.yaml") if p.name != "claims.yaml"]
+    names = {p.stem for p in paths}
     assert set(STRESS) <= names
-    for path in EXPERIMENTS.glob("*.yaml"):
+    for path in paths:
         cfg = load_config(path)
         assert cfg.id == path.stem
         assert cfg.latency.name

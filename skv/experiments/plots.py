@@ -15,51 +15,9 @@ import matplotlib
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-STYLE: dict[str, Any] = {
-    "font.size": 9,
-    "axes.titlesize": 10,
-    "axes.labelsize": 9,
-    "legend.fontsize": 7.5,
-    "xtick.labelsize": 8,
-    "ytick.labelsize": 8,
-    "axes.grid": True,
-    "axes.axisbelow": True,
-    "axes.grid.axis": "y",
-    "grid.color": "0.85",
-    "grid.linewidth": 0.6,
-    "axes.spines.top": False,
-    "axes.spines.right": False,
-    "axes.edgecolor": "0.2",
-    "hatch.linewidth": 0.6,
-    "hatch.color": "0.1",
-    "savefig.dpi": 120,
-    "figure.dpi": 120,
-}
-GREYS = ("0.15", "0.5", "0.8", "0.3", "0.65", "0.95", "0.4", "0.9")
-HATCHES = ("", "//", "..", "\\\\", "xx", "--", "++", "oo", "**", "||")
-LINESTYLES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1)), (0, (1, 1)), (0, (3, 1, 3, 3)))
-MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
-OFFLINE_STYLE = {"color": "white", "hatch": "xxx", "edgecolor": "0.1"}
-
-
-def _bar_style(i: int, offline: bool) -> dict[str, Any]:
-    if offline:
-        return dict(OFFLINE_STYLE)
-    return {
-        "color": GREYS[i % len(GREYS)],
-        "hatch": HATCHES[(i // len(GREYS) + i) % len(HATCHES)],
-        "edgecolor": "0.1",
-    }
-
-
-def _line_style(i: int) -> dict[str, Any]:
-    return {
-        "color": str(round(0.55 * (i % 3) / 2, 2)),
-        "linestyle": LINESTYLES[i % len(LINESTYLES)],
-        "marker": MARKERS[i % len(MARKERS)],
-        "markersize": 3.5,
-        "linewidth": 1.2,
-    }
+from skv.plotstyle import STYLE
+from skv.plotstyle import bar_style as _bar_style
+from skv.plotstyle import line_style as _line_style
 
 
 def _figure(width: float = 7.0, height: float = 3.8) -> Figure:

@@ -570,12 +570,16 @@ def run_experiment(
     return out_dir
 
 
+#: YAML files in the config directory that are not experiment configs (the paper's claims)
+NOT_EXPERIMENTS = frozenset({"claims.yaml"})
+
+
 def suite_configs(config_dir: str | Path = "experiments") -> list[Path]:
     """The suite: every ``*.yaml`` in ``config_dir`` whose config has ``in_suite: true``."""
     paths = sorted(Path(config_dir).glob("*.yaml"))
     if not paths:
         raise FileNotFoundError(f"{config_dir}: no *.yaml experiment configs")
-    return [p for p in paths if load_config(p).in_suite]
+    return [p for p in paths if p.name not in NOT_EXPERIMENTS and load_config(p).in_suite]
 
 
 def run_all(

@@ -1,0 +1,501 @@
+"""The paper-artifact pipeline: every figure and table is one notebook, run by papermill.
+
+``python -m skv.pipeline run [--quick] [--force] [-j N] [STEP ...]`` executes the notebooks of
+:data:`STEPS` (all, or the named ones plus what they depend on) with their pinned config from
+``experiments/``; ``check`` compares the numbers they wrote with ``experiments/claims.yaml``;
+``list`` prints the registry. ``./reproduce.sh`` calls these.
+
+Where things go (:class:`Layout`): the full run writes figures to ``figures/``, tables to
+``paper/tables/``, executed notebooks, step outputs and ``run.log`` under ``build/``;
+``--quick`` writes everything under ``build/quick/`` (never over full results).
+
+A step is skipped as *cached* when its key (a hash of its notebook, its config, the skv version
+and source, its parameters and the keys of the steps it depends on) matches the last successful
+run and its outputs exist; ``--force`` runs it anyway. A step whose real trace is missing is
+*skipped* with the reason, never run into an empty figure. Independent steps run in parallel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+CLAIMS_FILE = "claims.json"
+KERNEL = "python3"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One notebook of the paper: its config, the files it must produce (``figures/<f>`` or
+    ``tables/<f>``), the real traces it reads (names under the trace directory) and the steps
+    whose output directories it reads (passed as ``<dep>_dir`` parameters)."""
+
+    name: str
+    config: str
+    outputs: tuple[str, ...]
+    needs_traces: tuple[str, ...] = ()
+    depends: tuple[str, ...] = ()
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def notebook(self) -> str:
+        return f"notebooks/{self.name}.ipynb"
+
+
+def _fig(name: str) -> tuple[str, str]:
+    return (f"figures/{name}.pdf", f"figures/{name}.png")
+
+
+SUITE = "tab_aggregate_summary"
+
+STEPS: dict[str, Step] = {
+    s.name: s
+    for s in (
+        Step(
+            SUITE, "experiments", ("tables/aggregate_summary.csv", "tables/aggregate_summary.tex")
+        ),
+        Step(
+            "fig_policy_comparison", "experiments", _fig("fig_policy_comparison"), depends=(SUITE,)
+        ),
+        Step(
+            "fig_evictions_by_type",
+            "experiments/low_memory_rag_stress.yaml",
+            _fig("fig_evictions_by_type"),
+            depends=(SUITE,),
+        ),
+        Step(
+            "fig_adaptive_weights",
+            "experiments/workload_shift_static_vs_adaptive.yaml",
+            _fig("fig_adaptive_weights"),
+            depends=(SUITE,),
+        ),
+        Step(
+            "fig_memory_utilisation",
+            "experiments/low_memory_rag_stress.yaml",
+            _fig("fig_memory_utilisation"),
+            depends=(SUITE,),
+        ),
+        Step(
+            "fig_hit_rate_mooncake",
+            "experiments/replay/mooncake_capacity.yaml",
+            _fig("fig_hit_rate_mooncake"),
+            needs_traces=("mooncake/conversation_trace.jsonl",),
+        ),
+        Step(
+            "fig_hit_rate_claude_code",
+            "experiments/replay/claude_code_capacity.yaml",
+            _fig("fig_hit_rate_claude_code"),
+            needs_traces=("weka_cc",),
+        ),
+        Step(
+            "tab_reuse_by_type_claude_code",
+            "experiments/replay/claude_code_capacity.yaml",
+            ("tables/reuse_by_type_claude_code.csv", "tables/reuse_by_type_claude_code.tex"),
+            needs_traces=("weka_cc",),
+        ),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a run writes: figures, tables, executed notebooks, step outputs, cache, log."""
+
+    figures: Path
+    tables: Path
+    build: Path
+
+    @classmethod
+    def for_run(cls, root: Path = REPO, *, quick: bool = False) -> Layout:
+        if quick:
+            b = root / "build" / "quick"
+            return cls(b / "figures", b / "tables", b)
+        return cls(root / "figures", root / "paper" / "tables", root / "build")
+
+    @property
+    def notebooks(self) -> Path:
+        return self.build / "notebooks"
+
+    def step_dir(self, name: str) -> Path:
+        return self.build / "steps" / name
+
+    @property
+    def cache(self) -> Path:
+        return self.build / ".cache"
+
+    @property
+    def log(self) -> Path:
+        return self.build / "run.log"
+
+    def output(self, rel: str) -> Path:
+        kind, _, name = rel.partition("/")
+        return {"figures": self.figures, "tables": self.tables}[kind] / name
+
+
+# ----------------------------------------------------------------------------------------
+# cache keys
+
+
+def _hash_path(h: Any, path: Path) -> None:
+    if path.is_dir():
+        for p in sorted(path.glob("*.yaml")):
+            if p.name != "claims.yaml":
+                _hash_path(h, p)
+    elif path.is_file():
+        h.update(str(path.name).encode())
+        h.update(path.read_bytes())
+    else:
+        h.update(b"<missing>")
+
+
+def source_hash() -> str:
+    """Hash of the package version and every skv source file (not the compiled builds)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    h = hashlib.sha256()
+    try:
+        h.update(version("skv").encode())
+    except PackageNotFoundError:
+        h.update(b"?")
+    pkg = REPO / "skv"
+    for p in sorted(pkg.rglob("*")):
+        if p.suffix in {".py", ".pyx", ".pxd"} and "__pycache__" not in p.parts:
+            h.update(str(p.relative_to(pkg)).encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def step_key(
+    step: Step, params: dict[str, Any], dep_keys: Sequence[str], src: str, root: Path = REPO
+) -> str:
+    h = hashlib.sha256()
+    h.update(step.name.encode())
+    _hash_path(h, root / step.notebook)
+    _hash_path(h, root / step.config)
+    h.update(src.encode())
+    h.update(json.dumps(params, sort_keys=True, default=str).encode())
+    for k in dep_keys:
+        h.update(k.encode())
+    for t in step.needs_traces:  # a replaced trace file reruns the step
+        p = _trace_path(t)
+        if p is not None:
+            st = p.stat()
+            h.update(f"{p}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:32]
+
+
+def _trace_path(name: str) -> Path | None:
+    from skv.traces import find_trace
+
+    try:
+        return find_trace(name)
+    except FileNotFoundError:
+        return None
+
+
+def missing_traces(step: Step) -> str | None:
+    """Why the step cannot run (the first missing trace), or None."""
+    from skv.traces import find_trace
+
+    for name in step.needs_traces:
+        try:
+            find_trace(name)
+        except FileNotFoundError as exc:
+            return str(exc)
+    return None
+
+
+# ----------------------------------------------------------------------------------------
+# running
+
+
+@dataclass
+class Result:
+    step: str
+    status: str  # ran | cached | skipped | failed
+    seconds: float = 0.0
+    note: str = ""
+
+
+def select(names: Sequence[str] | None) -> list[Step]:
+    """The named steps plus everything they depend on, in registry order (all when empty)."""
+    if not names:
+        return list(STEPS.values())
+    unknown = [n for n in names if n not in STEPS]
+    if unknown:
+        raise SystemExit(f"unknown step(s) {unknown}; known: {', '.join(STEPS)}")
+    want: set[str] = set()
+    todo = list(names)
+    while todo:
+        n = todo.pop()
+        if n not in want:
+            want.add(n)
+            todo.extend(STEPS[n].depends)
+    return [s for s in STEPS.values() if s.name in want]
+
+
+def notebook_params(step: Step, layout: Layout, *, quick: bool, seed: int, root: Path) -> dict:
+    params: dict[str, Any] = {
+        "quick": quick,
+        "config": str(root / step.config),
+        "output_dir": str(layout.step_dir(step.name)),
+        "seed": seed,
+        "figures_dir": str(layout.figures),
+        "tables_dir": str(layout.tables),
+        **step.params,
+    }
+    for dep in step.depends:
+        params[f"{dep}_dir"] = str(layout.step_dir(dep))
+    return params
+
+
+def execute_notebook(step: Step, params: dict[str, Any], layout: Layout, root: Path) -> None:
+    """papermill, in a child process of this Python (so the venv's ``python3`` kernel)."""
+    layout.notebooks.mkdir(parents=True, exist_ok=True)
+    out_dir = layout.step_dir(step.name)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "papermill",
+        str(root / step.notebook),
+        str(layout.notebooks / f"{step.name}.ipynb"),
+        "-k",
+        KERNEL,
+        "--cwd",
+        str(root),
+        "--no-progress-bar",
+        "-y",
+        yaml.safe_dump(params),
+    ]
+    env = {**os.environ, "MPLBACKEND": "Agg", "PYTHONHASHSEED": "0"}
+    with open(out_dir / "papermill.log", "w", encoding="utf-8") as log:
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, check=False)
+    if proc.returncode != 0:
+        tail = (out_dir / "papermill.log").read_text(encoding="utf-8").strip().splitlines()[-6:]
+        raise RuntimeError(f"papermill exited {proc.returncode}: " + " | ".join(tail))
+
+
+def run_pipeline(
+    names: Sequence[str] | None = None,
+    *,
+    quick: bool = False,
+    force: bool = False,
+    jobs: int | None = None,
+    seed: int = 0,
+    layout: Layout | None = None,
+    root: Path = REPO,
+    echo: bool = True,
+) -> list[Result]:
+    """Run the selected steps (dependencies first, independent ones in parallel)."""
+    layout = layout or Layout.for_run(root, quick=quick)
+    steps = select(names)
+    jobs = max(1, jobs or os.cpu_count() or 1)
+    src = source_hash()
+    layout.build.mkdir(parents=True, exist_ok=True)
+    layout.cache.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Result] = {}
+    keys: dict[str, str] = {}
+    lock = threading.Lock()
+    t_start = time.perf_counter()
+    log_lines = [
+        f"# {time.strftime('%Y-%m-%d %H:%M:%S')} run{' --quick' if quick else ''}"
+        f"{' --force' if force else ''} -j {jobs}: {', '.join(s.name for s in steps)}"
+    ]
+
+    def say(msg: str) -> None:
+        with lock:
+            log_lines.append(msg)
+            if echo:
+                print(msg, flush=True)
+
+    def run_one(step: Step) -> Result:
+        bad_dep = [
+            d for d in step.depends if d in results and results[d].status in ("failed", "skipped")
+        ]
+        if bad_dep:
+            return Result(step.name, "skipped", note=f"needs {bad_dep[0]}, which did not run")
+        why = missing_traces(step)
+        if why:
+            return Result(step.name, "skipped", note=why)
+        params = notebook_params(step, layout, quick=quick, seed=seed, root=root)
+        key = step_key(step, params, [keys.get(d, "") for d in step.depends], src, root)
+        keys[step.name] = key
+        stamp = layout.cache / f"{step.name}.json"
+        outs = [layout.output(o) for o in step.outputs]
+        if not force and stamp.is_file() and all(p.is_file() for p in outs):
+            prev = json.loads(stamp.read_text(encoding="utf-8"))
+            if prev.get("key") == key:
+                return Result(step.name, "cached", note="config and code unchanged")
+        stamp.unlink(missing_ok=True)
+        say(f"[start] {step.name}")
+        t0 = time.perf_counter()
+        try:
+            execute_notebook(step, params, layout, root)
+        except RuntimeError as exc:
+            return Result(step.name, "failed", time.perf_counter() - t0, str(exc))
+        elapsed = time.perf_counter() - t0
+        missing = [str(p) for p in outs if not p.is_file() or p.stat().st_size == 0]
+        if missing:
+            return Result(step.name, "failed", elapsed, f"outputs missing or empty: {missing}")
+        stamp.write_text(json.dumps({"key": key, "seconds": round(elapsed, 2)}) + "\n")
+        return Result(step.name, "ran", elapsed)
+
+    pending = list(steps)
+    running: dict[Future, Step] = {}
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        while pending or running:
+            for step in list(pending):
+                if len(running) >= jobs:
+                    break
+                if all(d in results for d in step.depends if d in {s.name for s in steps}):
+                    pending.remove(step)
+                    running[pool.submit(run_one, step)] = step
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for fut in done:
+                step = running.pop(fut)
+                res = fut.result()
+                results[step.name] = res
+                n = len(results)
+                say(
+                    f"[{n}/{len(steps)}] {step.name}: {res.status.upper()}"
+                    f" ({res.seconds:.1f} s){': ' + res.note if res.note else ''}"
+                )
+    ordered = [results[s.name] for s in steps]
+    total = time.perf_counter() - t_start
+    table = summary_table(ordered, total)
+    say(table)
+    with open(layout.log, "a", encoding="utf-8") as f:
+        f.write("\n".join(log_lines) + "\n")
+    return ordered
+
+
+def summary_table(results: Sequence[Result], total_s: float) -> str:
+    w = max(len(r.step) for r in results) if results else 4
+    lines = [f"{'step':<{w}}  {'status':<8} {'time':>8}  note", "-" * (w + 30)]
+    for r in results:
+        note = r.note if len(r.note) < 160 else r.note[:157] + "..."
+        lines.append(f"{r.step:<{w}}  {r.status:<8} {r.seconds:>7.1f}s  {note}")
+    lines.append(f"total {total_s:.1f} s")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------
+# claims
+
+
+def load_claims(path: Path = REPO / "experiments" / "claims.yaml") -> dict[str, Any]:
+    """``claims``: list of {id, text, step, value, expected, tolerance[, quick_expected,
+    quick_tolerance]}; ``no_claims``: steps that state no number (figures only)."""
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    for c in data.get("claims", []):
+        for k in ("id", "step", "value", "expected", "tolerance"):
+            if k not in c:
+                raise ValueError(f"{path}: claim {c.get('id', '?')}: missing {k!r}")
+        if c["step"] not in STEPS:
+            raise ValueError(f"{path}: claim {c['id']}: unknown step {c['step']!r}")
+    data.setdefault("claims", [])
+    data.setdefault("no_claims", [])
+    return data
+
+
+def check_claims(
+    *,
+    quick: bool = False,
+    layout: Layout | None = None,
+    claims_path: Path | None = None,
+    echo: bool = True,
+) -> list[dict[str, Any]]:
+    """Compare each claim with the value its step wrote; rows with status pass / FAIL /
+    missing (step not run or trace missing) / n/a (no quick expectation in quick mode)."""
+    layout = layout or Layout.for_run(quick=quick)
+    data = load_claims(claims_path or REPO / "experiments" / "claims.yaml")
+    rows = []
+    for c in data["claims"]:
+        exp, tol = c["expected"], c["tolerance"]
+        if quick:
+            exp, tol = c.get("quick_expected"), c.get("quick_tolerance", tol)
+        f = layout.step_dir(c["step"]) / CLAIMS_FILE
+        got = None
+        if f.is_file():
+            got = json.loads(f.read_text(encoding="utf-8"))["values"].get(c["value"])
+        if exp is None:
+            status = "n/a"
+        elif got is None:
+            status = "missing"
+        else:
+            status = "pass" if abs(got - exp) <= tol else "FAIL"
+        rows.append(
+            {
+                "id": c["id"],
+                "step": c["step"],
+                "expected": exp,
+                "tolerance": tol,
+                "got": got,
+                "status": status,
+            }
+        )
+    if echo:
+        w = max([len(r["id"]) for r in rows] + [5])
+        print(f"{'claim':<{w}}  {'expected':>9} {'tol':>7} {'got':>9}  status  step")
+        for r in rows:
+            e = "-" if r["expected"] is None else f"{r['expected']:.4g}"
+            g = "-" if r["got"] is None else f"{r['got']:.4g}"
+            print(
+                f"{r['id']:<{w}}  {e:>9} {r['tolerance']:>7.3g} {g:>9}  {r['status']:<6}  "
+                f"{r['step']}"
+            )
+    return rows
+
+
+# ----------------------------------------------------------------------------------------
+# command line
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m skv.pipeline", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="execute notebooks (all, or the named steps)")
+    r.add_argument("steps", nargs="*", help=f"steps (default: all): {', '.join(STEPS)}")
+    r.add_argument("--quick", action="store_true", help="reduced sizes, into build/quick/")
+    r.add_argument("--force", action="store_true", help="rerun steps even when cached")
+    r.add_argument("-j", "--jobs", type=int, default=None, help="parallel steps (default: cores)")
+    r.add_argument("--seed", type=int, default=0)
+    c = sub.add_parser("check", help="compare produced numbers with experiments/claims.yaml")
+    c.add_argument("--quick", action="store_true", help="check the quick run's values")
+    sub.add_parser("list", help="print the step registry")
+    args = ap.parse_args(argv)
+    if args.cmd == "list":
+        for s in STEPS.values():
+            extra = f"  traces: {', '.join(s.needs_traces)}" if s.needs_traces else ""
+            print(f"{s.name:<32} {s.config:<48}{extra}")
+        return 0
+    if args.cmd == "check":
+        rows = check_claims(quick=args.quick)
+        bad = [r for r in rows if r["status"] in ("FAIL", "missing")]
+        print(
+            f"{len(rows) - len(bad)}/{len(rows)} claims ok" + (f", {len(bad)} not" if bad else "")
+        )
+        return 1 if bad else 0
+    res = run_pipeline(
+        args.steps, quick=args.quick, force=args.force, jobs=args.jobs, seed=args.seed
+    )
+    return 1 if any(x.status == "failed" for x in res) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""The paper pipeline: registry consistency, one notebook executed by papermill, caching,
+missing traces, claims checking."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from skv import pipeline
+from skv.pipeline import STEPS, Layout, check_claims, load_claims, run_pipeline
+
+ROOT = Path(__file__).resolve().parents[1]
+REQUIRED_PARAMS = ("quick", "config", "output_dir", "seed")
+MOONCAKE_STEP = "fig_hit_rate_mooncake"
+
+
+def _parameters_cell(path: Path) -> str:
+    nb = nbformat.read(path, as_version=4)
+    cells = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(cells) == 1, f"{path}: needs exactly one cell tagged 'parameters'"
+    return cells[0].source
+
+
+def test_every_step_has_a_notebook_with_a_parameters_cell_and_a_config():
+    for step in STEPS.values():
+        nb_path = ROOT / step.notebook
+        assert nb_path.is_file(), step.notebook
+        source = _parameters_cell(nb_path)
+        for name in (*REQUIRED_PARAMS, *(f"{d}_dir" for d in step.depends)):
+            assert re.search(rf"^{name}\s*=", source, re.M), f"{step.notebook}: no {name}"
+        assert (ROOT / step.config).exists(), f"{step.name}: config {step.config} missing"
+        assert step.outputs, step.name
+
+
+def test_every_notebook_in_the_folder_is_a_registered_step():
+    names = {p.stem for p in (ROOT / "notebooks").glob("*.ipynb")}
+    assert names == set(STEPS)
+
+
+def test_notebooks_are_stored_without_outputs():
+    for path in (ROOT / "notebooks").glob("*.ipynb"):
+        nb = nbformat.read(path, as_version=4)
+        for cell in nb.cells:
+            if cell.cell_type == "code":
+                assert not cell.outputs and cell.execution_count is None, path.name
+
+
+def test_every_step_has_claims_or_an_explicit_no_claims_marker():
+    claims = load_claims()
+    with_claims = {c["step"] for c in claims["claims"]}
+    no_claims = set(claims["no_claims"])
+    assert not with_claims & no_claims
+    assert set(STEPS) <= with_claims | no_claims
+
+
+def test_every_figure_the_paper_includes_is_produced_by_a_step():
+    tex = ROOT / "paper" / "main.tex"
+    if not tex.is_file():
+        pytest.skip("no paper/main.tex yet")
+    produced = {Path(o).stem for s in STEPS.values() for o in s.outputs}
+    for name in re.findall(r"\\includegraphics(?:\[[^]]*\])?\{([^}]+)\}", tex.read_text()):
+        assert Path(name).stem in produced, f"paper includes {name}; no step produces it"
+
+
+def test_dependencies_are_registered_steps_and_selection_pulls_them_in():
+    for s in STEPS.values():
+        assert set(s.depends) <= set(STEPS)
+    chosen = [s.name for s in pipeline.select(["fig_policy_comparison"])]
+    assert chosen == ["tab_aggregate_summary", "fig_policy_comparison"]
+
+
+@pytest.fixture
+def tiny_traces(tmp_path, monkeypatch):
+    """A trace directory holding the tiny Mooncake fixture under the real trace's name."""
+    tdir = tmp_path / "traces"
+    (tdir / "mooncake").mkdir(parents=True)
+    rng = random.Random(0)
+    with open(tdir / "mooncake" / "conversation_trace.jsonl", "w") as f:
+        for i in range(400):  # ~1000 unique blocks: every quick capacity is >= 1 block
+            ids = [0] + [pos * 1000 + rng.randrange(60) for pos in range(1, 5)]
+            rec = {
+                "timestamp": 3000 * i,
+                "input_length": 512 * 5 - 7,
+                "output_length": 9,
+                "hash_ids": ids,
+            }
+            f.write(json.dumps(rec) + "\n")
+    monkeypatch.setenv("SKV_TRACE_DIR", str(tdir))
+    return tdir
+
+
+def test_a_notebook_runs_in_quick_mode_writes_its_outputs_and_is_cached_the_second_time(
+    tmp_path, tiny_traces
+):
+    layout = Layout(tmp_path / "figs", tmp_path / "tables", tmp_path / "build")
+    first = run_pipeline([MOONCAKE_STEP], quick=True, layout=layout, echo=False)
+    assert [(r.step, r.status) for r in first] == [(MOONCAKE_STEP, "ran")], first[0].note
+    for rel in STEPS[MOONCAKE_STEP].outputs:
+        out = layout.output(rel)
+        assert out.is_file() and out.stat().st_size > 1000, out
+    claims = json.loads((layout.step_dir(MOONCAKE_STEP) / "claims.json").read_text())
+    assert claims["step"] == MOONCAKE_STEP
+    assert 0 < claims["values"]["ceiling_block_hit_rate"] <= 1
+    executed = nbformat.read(layout.notebooks / f"{MOONCAKE_STEP}.ipynb", as_version=4)
+    assert any(c.get("outputs") for c in executed.cells if c.cell_type == "code")
+    assert "run.log" in {p.name for p in layout.build.iterdir()}
+
+    second = run_pipeline([MOONCAKE_STEP], quick=True, layout=layout, echo=False)
+    assert second[0].status == "cached"
+    assert "cached" in layout.log.read_text() or "CACHED" in layout.log.read_text()
+
+
+def test_a_changed_config_or_parameter_changes_the_cache_key(tmp_path):
+    step = STEPS[MOONCAKE_STEP]
+    layout = Layout(tmp_path / "f", tmp_path / "t", tmp_path / "b")
+    params = pipeline.notebook_params(step, layout, quick=True, seed=0, root=ROOT)
+    key = pipeline.step_key(step, params, [], "src")
+    assert key == pipeline.step_key(step, params, [], "src")
+    assert key != pipeline.step_key(step, {**params, "seed": 1}, [], "src")
+    assert key != pipeline.step_key(step, params, [], "other source")
+    assert key != pipeline.step_key(step, params, ["dep changed"], "src")
+
+
+def test_a_missing_trace_marks_the_step_skipped_with_the_reason(tmp_path, monkeypatch):
+    monkeypatch.setenv("SKV_TRACE_DIR", str(tmp_path / "no_traces_here"))
+    layout = Layout(tmp_path / "figs", tmp_path / "tables", tmp_path / "build")
+    res = run_pipeline([MOONCAKE_STEP, "fig_hit_rate_claude_code"], layout=layout, echo=False)
+    assert [r.status for r in res] == ["skipped", "skipped"]
+    assert "mooncake/conversation_trace.jsonl" in res[0].note
+    assert "not found" in res[0].note
+    assert not (layout.figures).exists() or not list(layout.figures.iterdir())
+    assert "skipped" in pipeline.summary_table(res, 0.0)
+
+
+def test_check_passes_fails_and_reports_missing_claims(tmp_path):
+    claims = tmp_path / "claims.yaml"
+    claims.write_text(
+        "claims:\n"
+        "  - {id: a, step: fig_hit_rate_mooncake, value: x, expected: 0.5, tolerance: 0.01}\n"
+        "  - {id: b, step: fig_hit_rate_mooncake, value: y, expected: 0.5, tolerance: 0.01}\n"
+        "  - {id: c, step: fig_hit_rate_claude_code, value: z, expected: 1, tolerance: 0}\n"
+    )
+    layout = Layout(tmp_path / "f", tmp_path / "t", tmp_path / "b")
+    d = layout.step_dir("fig_hit_rate_mooncake")
+    d.mkdir(parents=True)
+    (d / "claims.json").write_text(json.dumps({"step": "x", "values": {"x": 0.505, "y": 0.6}}))
+    rows = check_claims(layout=layout, claims_path=claims, echo=False)
+    assert [r["status"] for r in rows] == ["pass", "FAIL", "missing"]
+
+
+def test_shipped_claims_name_known_steps_and_values():
+    claims = load_claims()
+    assert claims["claims"], "claims.yaml states no claim"
+    assert all(c["tolerance"] >= 0 and c.get("text") for c in claims["claims"])
+    ids = [c["id"] for c in claims["claims"]]
+    assert len(ids) == len(set(ids))

@@ -6,6 +6,7 @@
 #   ./reproduce.sh fig_NAME ...   only those steps (and what they need); --force, -j N also work
 #   ./reproduce.sh check [--quick]  compare produced numbers with experiments/claims.yaml
 #   ./reproduce.sh list           the notebook steps
+#   ./reproduce.sh paper          build paper/main.pdf (needs latexmk or tectonic)
 #   ./reproduce.sh test     bootstrap .venv, then run the test suite (lint + pytest)
 #   ./reproduce.sh bench    bootstrap .venv, then run the replay speed benchmark
 # Needs only Python >= 3.11 with pip and venv. Real traces are read from $SKV_TRACE_DIR
@@ -42,11 +43,23 @@ run_tests() {
     "$VENV/bin/python" -m pytest -q "$@"
 }
 
+build_paper() {
+    if command -v latexmk > /dev/null; then
+        (cd paper && latexmk -pdf -interaction=nonstopmode main.tex)
+    elif command -v tectonic > /dev/null; then
+        (cd paper && tectonic main.tex)
+    else
+        echo "[reproduce] no LaTeX engine found: install latexmk (Debian: apt-get install latexmk" \
+            "texlive-latex-recommended texlive-latex-extra) or tectonic, then rerun ./reproduce.sh paper" >&2
+        exit 1
+    fi
+}
+
 cmd=${1:-all}
 case "$cmd" in
-    test | bench | check | list | all) [[ $# -gt 0 ]] && shift ;;
+    test | bench | check | list | paper | all) [[ $# -gt 0 ]] && shift ;;
     -* | fig_* | tab_*) cmd=all ;;  # options and step names go to the pipeline
-    *) echo "usage: $0 [test|bench|check|list] | [--quick] [--force] [-j N] [STEP ...]" >&2; exit 2 ;;
+    *) echo "usage: $0 [test|bench|check|list|paper] | [--quick] [--force] [-j N] [STEP ...]" >&2; exit 2 ;;
 esac
 bootstrap
 case "$cmd" in
@@ -54,5 +67,6 @@ case "$cmd" in
     bench) "$VENV/bin/python" benchmarks/replay_speed.py "$@" ;;
     check) "$VENV/bin/python" -m skv.pipeline check "$@" ;;
     list) "$VENV/bin/python" -m skv.pipeline list ;;
+    paper) build_paper ;;
     all) "$VENV/bin/skv" check && "$VENV/bin/python" -m skv.pipeline run "$@" ;;
 esac

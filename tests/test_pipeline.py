@@ -159,3 +159,11 @@ def test_shipped_claims_name_known_steps_and_values():
     assert all(c["tolerance"] >= 0 and c.get("text") for c in claims["claims"])
     ids = [c["id"] for c in claims["claims"]]
     assert len(ids) == len(set(ids))
+
+
+def test_every_claim_the_paper_cites_is_in_claims_yaml():
+    tex = (ROOT / "paper" / "main.tex").read_text()
+    cited = set(re.findall(r"\\claim\{([^}]+)\}", tex))
+    known = {c["id"] for c in load_claims()["claims"]}
+    assert cited, "the paper cites no claims"
+    assert cited <= known, f"cited but not in experiments/claims.yaml: {sorted(cited - known)}"

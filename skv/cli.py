@@ -76,6 +76,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         "skv.tracereplay",
         "skv.collect",
         "skv.vllm",
+        "skv.services",
     ):
         try:
             importlib.import_module(mod)
@@ -211,6 +212,7 @@ def _default_out(kind: str, name: str) -> Path:
 def build_parser() -> argparse.ArgumentParser:
     from skv import collect, tracereplay
     from skv.experiments.cli import register as register_experiments
+    from skv.services.cli import register as register_services
     from skv.vllm.cli import register as register_vllm
 
     parser = argparse.ArgumentParser(
@@ -259,6 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("output", help="output file")
     p.set_defaults(func=cmd_traces_convert)
     register_experiments(sub)
+    register_services(sub)
     register_vllm(sub)
     return parser
 

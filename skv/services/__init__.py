@@ -1,0 +1,6 @@
+"""OpenAI-compatible services around skv: a mock engine, a telemetry proxy, a cache-locality
+router and a simulation API (``skv serve-mock | proxy | router | sim-api | demo-router``).
+
+All of them are observability or routing layers: none controls a backend's KV-cache admission
+or eviction. Every service binds 127.0.0.1 unless told otherwise.
+"""

@@ -1,0 +1,229 @@
+"""``skv serve-mock | proxy | router | sim-api | demo-router``: the services' CLI.
+
+``register(subparsers)`` adds the commands; every server binds 127.0.0.1 unless ``--host``
+says otherwise. Flags override the corresponding ``SKV_*`` environment variables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+from skv.services._common import DEFAULT_HOST
+
+
+def _uvicorn_run(app: Any, host: str, port: int) -> int:
+    import uvicorn
+
+    uvicorn.run(app, host=host, port=port, log_level="info")
+    return 0
+
+
+def _server_args(p: argparse.ArgumentParser, port: int) -> None:
+    p.add_argument("--host", default=DEFAULT_HOST, help=f"bind address (default {DEFAULT_HOST})")
+    p.add_argument("--port", type=int, default=port, help=f"port (default {port})")
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "serve-mock",
+        help="mock OpenAI-compatible engine (skv prefix cache + latency model; simulated TTFT)",
+    )
+    _server_args(p, 8001)
+    p.add_argument("--model", default="skv-mock")
+    p.add_argument("--policy", default="lru", help="eviction policy of the mock's cache")
+    p.add_argument("--cache-tokens", type=int, default=20_000)
+    p.add_argument("--latency", default="linear", help="latency model (skv.latency)")
+    p.add_argument(
+        "--time-scale", type=float, default=1.0,
+        help="really wait time_scale * simulated TTFT (0: answer at once)",
+    )  # fmt: skip
+    p.add_argument("--itl-ms", type=float, default=5.0, help="simulated inter-token latency")
+    p.add_argument("--max-tokens", type=int, default=24)
+    p.add_argument("--name", default="mock", help="engine name (metrics label)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fail-status", type=int, default=None, help="fault: answer this status")
+    p.add_argument("--delay", type=float, default=0.0, help="fault: seconds before answering")
+    p.add_argument("--drop-after-chunks", type=int, default=None, help="fault: break streams")
+    p.set_defaults(func=cmd_serve_mock)
+
+    p = sub.add_parser("proxy", help="telemetry proxy: forward upstream, record an skv trace")
+    _server_args(p, 8010)
+    p.add_argument("--upstream", default=None, help="upstream base URL (SKV_UPSTREAM_BASE_URL)")
+    p.add_argument("--trace-dir", default=None, help="trace directory (SKV_TRACE_OUTPUT_DIR)")
+    p.add_argument(
+        "--redact", action=argparse.BooleanOptionalAction, default=None,
+        help="store no prompt/response text (SKV_REDACT_TEXT, default true)",
+    )  # fmt: skip
+    p.add_argument("--timeout", type=float, default=None, help="SKV_PROXY_TIMEOUT_SECONDS")
+    p.set_defaults(func=cmd_proxy)
+
+    from skv.services.router import POLICIES
+
+    p = sub.add_parser("router", help="cache-locality router over OpenAI-compatible replicas")
+    _server_args(p, 8020)
+    p.add_argument("--replicas", default=None, help="comma-separated base URLs (SKV_REPLICAS)")
+    p.add_argument("--policy", choices=POLICIES, default=None, help="SKV_ROUTING_POLICY")
+    p.add_argument("--routing-dir", default=None, help="decision log dir (outputs/routing)")
+    p.add_argument("--timeout", type=float, default=None)
+    p.set_defaults(func=cmd_router)
+
+    p = sub.add_parser("sim-api", help="simulation API: POST /v1/simulate/request")
+    _server_args(p, 8000)
+    p.add_argument("--policy", default=None, help="SKV_SIM_POLICY (default lru)")
+    p.add_argument("--cache-tokens", type=int, default=None, help="SKV_SIM_CACHE_TOKENS")
+    p.set_defaults(func=cmd_sim_api)
+
+    p = sub.add_parser(
+        "demo-router",
+        help="in-process routing demo over mock replicas: distribution and hit rate per policy",
+    )
+    p.add_argument("--replicas", type=int, default=3)
+    p.add_argument("--requests", type=int, default=120)
+    p.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
+    p.add_argument("--replica-cache-tokens", type=int, default=12_000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--routing-dir", default=None, help="also log decisions there")
+    p.set_defaults(func=cmd_demo_router)
+
+
+def cmd_serve_mock(args: argparse.Namespace) -> int:
+    from skv.services.mock_backend import Faults, MockConfig, create_app
+
+    cfg = MockConfig(
+        model=args.model, policy=args.policy, cache_tokens=args.cache_tokens,
+        latency=args.latency, time_scale=args.time_scale, itl_ms=args.itl_ms,
+        max_tokens=args.max_tokens, seed=args.seed, name=args.name,
+    )  # fmt: skip
+    faults = Faults(
+        delay_s=args.delay, fail_status=args.fail_status, drop_after_chunks=args.drop_after_chunks
+    )
+    return _uvicorn_run(create_app(cfg, faults), args.host, args.port)
+
+
+def cmd_proxy(args: argparse.Namespace) -> int:
+    from skv.services.proxy import ProxyConfig, create_app
+
+    cfg = ProxyConfig.from_env()
+    if args.upstream:
+        cfg.upstream_base_url = args.upstream
+    if args.trace_dir:
+        cfg.trace_output_dir = Path(args.trace_dir)
+    if args.redact is not None:
+        cfg.redact_text = args.redact
+    if args.timeout is not None:
+        cfg.timeout_s = args.timeout
+    app = create_app(cfg)
+    print(f"proxy -> {cfg.upstream_base_url}; trace: {app.state.writer.path}")
+    return _uvicorn_run(app, args.host, args.port)
+
+
+def cmd_router(args: argparse.Namespace) -> int:
+    from skv.services.router import RouterConfig, create_app
+
+    if args.replicas:
+        os.environ["SKV_REPLICAS"] = args.replicas
+    if args.policy:
+        os.environ["SKV_ROUTING_POLICY"] = args.policy
+    if args.routing_dir:
+        os.environ["SKV_ROUTING_OUTPUT_DIR"] = args.routing_dir
+    if args.timeout is not None:
+        os.environ["SKV_ROUTER_TIMEOUT_SECONDS"] = str(args.timeout)
+    cfg = RouterConfig.from_env()
+    print(f"router ({cfg.policy}) over {', '.join(cfg.replicas)}")
+    return _uvicorn_run(create_app(cfg), args.host, args.port)
+
+
+def cmd_sim_api(args: argparse.Namespace) -> int:
+    from skv.services.sim_api import SimConfig, create_app
+
+    cfg = SimConfig.from_env()
+    if args.policy:
+        cfg.policy = args.policy
+    if args.cache_tokens is not None:
+        cfg.cache_tokens = args.cache_tokens
+    return _uvicorn_run(create_app(cfg), args.host, args.port)
+
+
+async def demo_policy(
+    policy: str,
+    n_replicas: int,
+    calls: list[Any],
+    replica_cache_tokens: int,
+    routing_dir: Path | None,
+) -> dict[str, Any]:
+    """Route ``calls`` (``skv.collect.mock_calls``) through an in-process router to in-process
+    mock replicas; returns per-replica counts and the token hit rate the replicas reported."""
+    import httpx
+
+    from skv.services.mock_backend import MockConfig
+    from skv.services.mock_backend import create_app as mock_app
+    from skv.services.router import RouterConfig
+    from skv.services.router import create_app as router_app
+
+    apps = [
+        mock_app(MockConfig(name=f"r{i}", cache_tokens=replica_cache_tokens, max_tokens=16))
+        for i in range(n_replicas)
+    ]
+    urls = [f"http://replica-{i}" for i in range(n_replicas)]
+    mounts = {u: httpx.ASGITransport(a) for u, a in zip(urls, apps, strict=True)}
+    cfg = RouterConfig(replicas=urls, policy=policy, routing_output_dir=routing_dir)
+    app = router_app(cfg, mounts=mounts)
+    history: dict[str, list[dict[str, Any]]] = {}
+    prompt = cached = 0
+    ttft: list[float] = []
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app), base_url="http://router", timeout=30
+    ) as client:
+        for c in calls:
+            msgs = history.setdefault(c.session_id, [{"role": "system", "content": c.system}])
+            msgs.extend(c.new_messages)
+            body: dict[str, Any] = {"model": "skv-mock", "messages": list(msgs)}
+            if c.tools:
+                body["tools"] = c.tools
+            r = await client.post(
+                "/v1/chat/completions", json=body,
+                headers={"X-Session-ID": c.session_id, "X-Tenant-ID": c.tenant_id},
+            )  # fmt: skip
+            r.raise_for_status()
+            data = r.json()
+            usage = data["usage"]
+            prompt += usage["prompt_tokens"]
+            cached += usage["prompt_tokens_details"]["cached_tokens"]
+            ttft.append(data["skv_mock"]["simulated_ttft_ms"])
+            msgs.append({"role": "assistant", "content": data["choices"][0]["message"]["content"]})
+    return {
+        "policy": policy,
+        "distribution": [a.state.engine.calls for a in apps],
+        "hit_rate": cached / prompt if prompt else 0.0,
+        "mean_simulated_ttft_ms": sum(ttft) / len(ttft) if ttft else 0.0,
+    }
+
+
+def cmd_demo_router(args: argparse.Namespace) -> int:
+    from skv.collect import mock_calls
+
+    if args.replicas < 1 or args.requests < 1:
+        raise ValueError("--replicas and --requests must be >= 1")
+    calls = mock_calls(args.requests, seed=args.seed)
+    routing_dir = Path(args.routing_dir) if args.routing_dir else None
+    print(
+        f"{args.requests} mock requests (seed {args.seed}) over {args.replicas} in-process mock "
+        f"replicas of {args.replica_cache_tokens} cache tokens each; TTFT simulated (linear)"
+    )
+    print(
+        f"{'policy':<18} {'requests per replica':<24} {'token hit rate':>14} {'mean TTFT ms':>13}"
+    )
+    for policy in args.policies:
+        res = asyncio.run(
+            demo_policy(policy, args.replicas, calls, args.replica_cache_tokens, routing_dir)
+        )
+        dist = "/".join(str(x) for x in res["distribution"])
+        print(
+            f"{policy:<18} {dist:<24} {res['hit_rate']:>14.1%} "
+            f"{res['mean_simulated_ttft_ms']:>13.1f}"
+        )
+    return 0

@@ -1,0 +1,327 @@
+"""A mock OpenAI-compatible serving engine: skv's prefix cache + a latency model, over HTTP.
+
+``POST /v1/chat/completions`` and ``POST /v1/completions`` (streaming SSE and not) segment the
+prompt, key its blocks by exact prefix (vLLM-style), look them up in one skv cache (``lru`` by
+default; hits pinned, misses cached) and answer with a deterministic text seeded by the prompt.
+``usage.prompt_tokens_details.cached_tokens`` reports the hit tokens like vLLM does. The TTFT
+is SIMULATED by the latency model (``linear`` by default); the server actually waits
+``time_scale * ttft`` before the first token (``time_scale=0``: answer at once) and
+``time_scale * itl_ms`` between tokens. A non-standard ``skv_mock`` object in each response
+carries the simulated TTFT.
+
+``GET /health``; ``GET /metrics`` (Prometheus text, vLLM counter names:
+``vllm:prefix_cache_queries_total`` / ``vllm:prefix_cache_hits_total`` in tokens,
+``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``, ``vllm:request_success_total``,
+``vllm:num_requests_running``).
+
+Fault injection (tests): ``Faults`` on ``app.state.engine.faults``, also ``GET/POST /mock/faults``
+(JSON with the same fields): ``delay_s`` (sleep before answering, headers included),
+``fail_status`` (answer that status, e.g. 500, to the next ``fail_count`` requests; ``-1``: all),
+``drop_after_chunks`` (streams: break the connection after that many content chunks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+from skv.blocks import DEFAULT_BLOCK_SIZE, request_blocks
+from skv.collect import _Words
+from skv.latency import make_latency_model
+from skv.model import Request as SkvRequest
+from skv.model import content_hash
+from skv.segmenter import Segmenter
+
+from ._common import openai_error
+
+
+@dataclass
+class Faults:
+    delay_s: float = 0.0
+    fail_status: int | None = None
+    fail_count: int = -1  # with fail_status: how many requests fail (-1: every one)
+    drop_after_chunks: int | None = None
+
+    def update(self, data: Mapping[str, Any]) -> None:
+        for key, value in data.items():
+            if key not in self.__dataclass_fields__:
+                raise ValueError(
+                    f"unknown fault {key!r}; known: {', '.join(self.__dataclass_fields__)}"
+                )
+            setattr(self, key, value)
+
+    def take_failure(self) -> int | None:
+        if self.fail_status is None or self.fail_count == 0:
+            return None
+        if self.fail_count > 0:
+            self.fail_count -= 1
+        return int(self.fail_status)
+
+
+@dataclass
+class MockConfig:
+    model: str = "skv-mock"
+    policy: str = "lru"
+    cache_tokens: int = 20_000
+    block_size: int = DEFAULT_BLOCK_SIZE
+    latency: str = "linear"
+    latency_params: dict[str, Any] = field(default_factory=dict)
+    time_scale: float = 0.0
+    itl_ms: float = 0.0
+    max_tokens: int = 24
+    seed: int = 0
+    tokenizer: str | None = None
+    name: str = "mock"  # shown in responses and metrics (which replica answered)
+
+
+@dataclass
+class MockResult:
+    prompt_tokens: int
+    cached_tokens: int
+    ttft_ms: float
+    words: list[str]
+
+
+class MockEngine:
+    """The engine state behind the app: one cache, one latency model, counters."""
+
+    def __init__(self, config: MockConfig | None = None, faults: Faults | None = None) -> None:
+        from skv.policies.registry import make_cache
+
+        self.config = cfg = config or MockConfig()
+        if cfg.cache_tokens < cfg.block_size:
+            raise ValueError(
+                f"cache_tokens ({cfg.cache_tokens}) must hold a block ({cfg.block_size})"
+            )
+        self.faults = faults or Faults()
+        self.segmenter = Segmenter(cfg.tokenizer, redact=True)
+        self.cache = make_cache(cfg.policy, cfg.cache_tokens // cfg.block_size)
+        self.latency = make_latency_model(cfg.latency, **cfg.latency_params)
+        self._lock = threading.Lock()
+        self.calls = 0
+        self.running = 0
+        self.counters = {
+            "prefix_cache_queries": 0,
+            "prefix_cache_hits": 0,
+            "prompt_tokens": 0,
+            "generation_tokens": 0,
+            "request_success": 0,
+            "request_failure": 0,
+        }
+
+    def process(self, segments: Sequence[Any], max_tokens: int | None) -> MockResult:
+        cfg = self.config
+        with self._lock:
+            idx = self.calls
+            self.calls += 1
+            req = SkvRequest(f"mock-{idx}", float(idx), list(segments))
+            rb = request_blocks(req, cfg.block_size, "prefix", index=idx)
+            lease = self.cache.access(rb, float(idx))
+            prompt = req.prompt_tokens
+            cached = max(0, min(int(lease.hit_tokens), prompt))
+            self.counters["prefix_cache_queries"] += prompt
+            self.counters["prefix_cache_hits"] += cached
+            self.counters["prompt_tokens"] += prompt
+        ttft = float(self.latency.ttft_ms(prompt - cached, cached))
+        prompt_id = content_hash("|".join(s.content_hash or "" for s in segments))
+        w = _Words(f"answer:{cfg.seed}:{prompt_id}")
+        n = max(1, min(max_tokens if max_tokens else cfg.max_tokens, cfg.max_tokens))
+        words = w.sentences(n).split(" ")[:n]
+        return MockResult(prompt, cached, ttft, words)
+
+
+def _usage(res: MockResult) -> dict[str, Any]:
+    return {
+        "prompt_tokens": res.prompt_tokens,
+        "completion_tokens": len(res.words),
+        "total_tokens": res.prompt_tokens + len(res.words),
+        "prompt_tokens_details": {"cached_tokens": res.cached_tokens},
+    }
+
+
+def create_app(config: MockConfig | None = None, faults: Faults | None = None) -> FastAPI:
+    engine = MockEngine(config, faults)
+    cfg = engine.config
+    app = FastAPI(title="skv mock engine", version="1")
+    app.state.engine = engine
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "name": cfg.name, "model": cfg.model}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": cfg.model, "object": "model", "owned_by": "skv"}]}
+
+    @app.get("/mock/faults")
+    async def get_faults() -> dict[str, Any]:
+        return asdict(engine.faults)
+
+    @app.post("/mock/faults")
+    async def set_faults(request: Request) -> Response:
+        try:
+            engine.faults.update(await request.json())
+        except (ValueError, TypeError) as exc:
+            return openai_error(400, str(exc), "invalid_request_error")
+        return JSONResponse(asdict(engine.faults))
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        q = engine.counters["prefix_cache_queries"]
+        rate = engine.counters["prefix_cache_hits"] / q if q else 0.0
+        lab = f'{{model_name="{cfg.model}",engine="{cfg.name}"}}'
+        c = engine.counters
+        lines = [
+            "# TYPE vllm:prefix_cache_queries_total counter",
+            f"vllm:prefix_cache_queries_total{lab} {c['prefix_cache_queries']}",
+            "# TYPE vllm:prefix_cache_hits_total counter",
+            f"vllm:prefix_cache_hits_total{lab} {c['prefix_cache_hits']}",
+            "# TYPE vllm:prompt_tokens_total counter",
+            f"vllm:prompt_tokens_total{lab} {c['prompt_tokens']}",
+            "# TYPE vllm:generation_tokens_total counter",
+            f"vllm:generation_tokens_total{lab} {c['generation_tokens']}",
+            "# TYPE vllm:request_success_total counter",
+            f"vllm:request_success_total{lab} {c['request_success']}",
+            "# TYPE skv_mock:request_failure_total counter",
+            f"skv_mock:request_failure_total{lab} {c['request_failure']}",
+            "# TYPE vllm:num_requests_running gauge",
+            f"vllm:num_requests_running{lab} {engine.running}",
+            "# TYPE vllm:gpu_prefix_cache_hit_rate gauge",
+            f"vllm:gpu_prefix_cache_hit_rate{lab} {rate}",
+        ]
+        return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+
+    async def serve(request: Request, chat: bool) -> Response:
+        try:
+            body = await request.json()
+        except ValueError:
+            return openai_error(400, "body must be JSON", "invalid_request_error")
+        if not isinstance(body, dict):
+            return openai_error(400, "body must be a JSON object", "invalid_request_error")
+        faults = engine.faults
+        if faults.delay_s > 0:
+            await asyncio.sleep(float(faults.delay_s))
+        status = faults.take_failure()
+        if status is not None:
+            engine.counters["request_failure"] += 1
+            return openai_error(status, f"injected failure ({status})", "server_error")
+        try:
+            if chat:
+                messages = body.get("messages")
+                if not isinstance(messages, list):
+                    raise ValueError("'messages' must be a list")
+                segments = engine.segmenter.messages(messages, body.get("tools"))
+            else:
+                prompt = body.get("prompt")
+                if isinstance(prompt, list):
+                    prompt = "\n".join(str(p) for p in prompt)
+                if not isinstance(prompt, str):
+                    raise ValueError("'prompt' must be a string or a list of strings")
+                segments = engine.segmenter.text(prompt)
+        except ValueError as exc:
+            return openai_error(400, str(exc), "invalid_request_error")
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+        res = engine.process(segments, int(max_tokens) if isinstance(max_tokens, int) else None)
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        created = int(time.time())
+        model = body.get("model") or cfg.model
+        extra = {"simulated_ttft_ms": round(res.ttft_ms, 3), "engine": cfg.name}
+        engine.counters["generation_tokens"] += len(res.words)
+
+        if not body.get("stream"):
+            engine.running += 1
+            try:
+                if cfg.time_scale > 0:
+                    wait = res.ttft_ms + cfg.itl_ms * max(0, len(res.words) - 1)
+                    await asyncio.sleep(cfg.time_scale * wait / 1e3)
+            finally:
+                engine.running -= 1
+            text = " ".join(res.words)
+            choice: dict[str, Any] = {"index": 0, "finish_reason": "length", "logprobs": None}
+            if chat:
+                choice["message"] = {"role": "assistant", "content": text}
+            else:
+                choice["text"] = text
+            engine.counters["request_success"] += 1
+            return JSONResponse(
+                {
+                    "id": rid,
+                    "object": "chat.completion" if chat else "text_completion",
+                    "created": created,
+                    "model": model,
+                    "choices": [choice],
+                    "usage": _usage(res),
+                    "skv_mock": extra,
+                }
+            )
+
+        opts = body.get("stream_options") or {}
+        include_usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
+        obj = "chat.completion.chunk" if chat else "text_completion"
+
+        def chunk(choices: list[dict[str, Any]], **more: Any) -> bytes:
+            import json
+
+            data = {"id": rid, "object": obj, "created": created, "model": model,
+                    "choices": choices, **more}  # fmt: skip
+            return b"data: " + json.dumps(data).encode() + b"\n\n"
+
+        def piece(
+            text: str | None, finish: str | None = None, role: bool = False
+        ) -> dict[str, Any]:
+            if chat:
+                delta: dict[str, Any] = {}
+                if role:
+                    delta["role"] = "assistant"
+                if text is not None:
+                    delta["content"] = text
+                return {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+            return {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+
+        async def stream() -> AsyncIterator[bytes]:
+            engine.running += 1
+            try:
+                if chat:
+                    yield chunk([piece("", role=True)])
+                if cfg.time_scale > 0:
+                    await asyncio.sleep(cfg.time_scale * res.ttft_ms / 1e3)
+                for i, word in enumerate(res.words):
+                    if faults.drop_after_chunks is not None and i >= faults.drop_after_chunks:
+                        engine.counters["request_failure"] += 1
+                        raise ConnectionAbortedError("injected dropped stream")
+                    if i and cfg.time_scale > 0 and cfg.itl_ms > 0:
+                        await asyncio.sleep(cfg.time_scale * cfg.itl_ms / 1e3)
+                    yield chunk([piece(word if i == 0 else " " + word)])
+                yield chunk([piece("" if not chat else None, finish="length")], skv_mock=extra)
+                if include_usage:
+                    yield chunk([], usage=_usage(res))
+                yield b"data: [DONE]\n\n"
+                engine.counters["request_success"] += 1
+            finally:
+                engine.running -= 1
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await serve(request, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await serve(request, chat=False)
+
+    return app
+
+
+def __getattr__(name: str) -> Any:  # ``uvicorn skv.services.mock_backend:app``
+    if name == "app":
+        return create_app()
+    raise AttributeError(name)

@@ -1,0 +1,295 @@
+"""Telemetry proxy: forwards OpenAI-compatible requests upstream and records an skv trace.
+
+Observability only: it never controls the backend's cache. Per request it segments the prompt
+(``skv.segmenter.Segmenter``; redacted by default: hashes, token counts, labels, timing), forwards
+the request to ``SKV_UPSTREAM_BASE_URL`` (streams pass through event by event), measures
+proxy-level TTFT (first content token; a non-streaming answer's whole latency) and total
+latency, and appends one native skv record (:mod:`skv.traces.native`) to
+``SKV_TRACE_OUTPUT_DIR/proxy-<stamp>.jsonl``, flushed per record: the file is a readable
+trace at any time (``skv.traces.load_trace``; its header has no request count).
+
+Configuration (env; the ``skv proxy`` CLI sets the same fields):
+
+- ``SKV_UPSTREAM_BASE_URL`` (default ``http://127.0.0.1:8001``)
+- ``SKV_TRACE_OUTPUT_DIR`` (default ``outputs/live_traces``)
+- ``SKV_REDACT_TEXT`` (default true: no prompt or response text is stored)
+- ``SKV_PROXY_TIMEOUT_SECONDS`` (default 120; connect/read/write timeout upstream)
+
+Headers: ``X-Session-ID`` / ``X-Tenant-ID`` go to the record's ``session_id`` / ``tenant_id``;
+``X-Request-ID`` names the record (else a fresh id). Records of one session are linked through
+``parent_id``. ``observed_cached_tokens`` comes from ``usage.prompt_tokens_details`` (streams:
+the proxy asks for ``stream_options.include_usage`` and strips that chunk again when the client
+did not ask for it). ``extra`` holds ``total_latency_ms``, ``status``, ``endpoint``, ``stream``.
+
+Failures: see :mod:`skv.services._common` (502 connect/5xx, 504 timeout, SSE error event for a
+dropped stream). A failed request is still recorded, with ``extra.error = {kind, message,
+status}`` and no TTFT; replays that should only see served requests filter on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from skv.model import Request as SkvRequest
+from skv.model import content_hash
+from skv.segmenter import Segmenter
+from skv.traces.native import SKV_TRACE_VERSION, _to_record
+
+from ._common import (
+    JsonlAppender,
+    Outcome,
+    UpstreamError,
+    env_bool,
+    env_float,
+    env_str,
+    forward_headers,
+    open_upstream,
+    openai_error,
+    relay_response,
+    run_stamp,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_UPSTREAM = "http://127.0.0.1:8001"
+DEFAULT_TRACE_DIR = Path("outputs") / "live_traces"
+
+
+@dataclass
+class ProxyConfig:
+    upstream_base_url: str = DEFAULT_UPSTREAM
+    trace_output_dir: Path = DEFAULT_TRACE_DIR
+    redact_text: bool = True
+    timeout_s: float = 120.0
+    tokenizer: str | None = None
+    trace_name: str | None = None  # file stem; default proxy-<stamp>
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls) -> ProxyConfig:
+        return cls(
+            upstream_base_url=env_str("SKV_UPSTREAM_BASE_URL", DEFAULT_UPSTREAM)
+            or DEFAULT_UPSTREAM,
+            trace_output_dir=Path(env_str("SKV_TRACE_OUTPUT_DIR", str(DEFAULT_TRACE_DIR)) or "."),
+            redact_text=env_bool("SKV_REDACT_TEXT", True),
+            timeout_s=env_float("SKV_PROXY_TIMEOUT_SECONDS", 120.0),
+            tokenizer=env_str("SKV_TOKENIZER"),
+        )
+
+    @property
+    def trace_path(self) -> Path:
+        return self.trace_output_dir / f"{self.trace_name or 'proxy-' + run_stamp()}.jsonl"
+
+
+class TraceWriter:
+    """Turns relayed requests into native skv records, appended and flushed one by one."""
+
+    def __init__(self, cfg: ProxyConfig, segmenter: Segmenter) -> None:
+        self.cfg = cfg
+        self.segmenter = segmenter
+        self.path = cfg.trace_path
+        header = {
+            "skv_trace": SKV_TRACE_VERSION,
+            "num_requests": None,
+            "meta": {
+                "collector": "skv.services.proxy",
+                "upstream": cfg.upstream_base_url,
+                "redacted": cfg.redact_text,
+                "tokenizer": getattr(
+                    segmenter.tokenizer, "name", type(segmenter.tokenizer).__name__
+                ),
+                "timing": "observed_ttft_ms: proxy-measured time to the first content token "
+                "(non-streaming: to the whole answer); extra.total_latency_ms: to the last byte",
+                "cached_tokens": "as reported by the upstream (usage.prompt_tokens_details)",
+                **cfg.meta,
+            },
+        }
+        self.out = JsonlAppender(self.path, header)
+        self._t0 = time.perf_counter()
+        self._last_in_session: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def arrival(self) -> float:
+        return round(time.perf_counter() - self._t0, 6)
+
+    def record(
+        self,
+        rid: str,
+        arrival_s: float,
+        segments: list[Any],
+        session_id: str | None,
+        tenant_id: str | None,
+        endpoint: str,
+        outcome: Outcome,
+    ) -> SkvRequest:
+        prompt = sum(s.num_tokens for s in segments)
+        usage = outcome.usage or {}
+        answer = outcome.content.strip()
+        out_tokens = usage.get("completion_tokens")
+        if not isinstance(out_tokens, int):
+            out_tokens = self.segmenter.tokenizer.count(answer) if answer else 0
+        cached = outcome.cached_tokens
+        if cached is not None:
+            cached = max(0, min(cached, prompt))
+        extra: dict[str, Any] = {
+            "endpoint": endpoint,
+            "stream": outcome.stream,
+            "status": outcome.status,
+            "total_latency_ms": round(outcome.total_ms or 0.0, 3),
+            "wall_time": round(time.time(), 3),
+        }
+        if outcome.upstream_status is not None:
+            extra["upstream_status"] = outcome.upstream_status
+        if outcome.upstream:
+            extra["upstream"] = outcome.upstream
+        if isinstance(usage.get("prompt_tokens"), int) and usage["prompt_tokens"] != prompt:
+            extra["engine_prompt_tokens"] = usage["prompt_tokens"]
+        if outcome.error_kind is not None:
+            extra["error"] = {
+                "kind": outcome.error_kind,
+                "message": (outcome.error or "")[:500],
+                "status": outcome.status,
+            }
+        if not self.cfg.redact_text and answer:
+            extra["response_text"] = outcome.content
+        with self._lock:
+            parent = self._last_in_session.get(session_id) if session_id is not None else None
+            if session_id is not None and outcome.ok:
+                self._last_in_session[session_id] = rid
+        req = SkvRequest(
+            request_id=rid,
+            arrival_s=arrival_s,
+            segments=segments,
+            output_tokens=int(out_tokens),
+            session_id=session_id,
+            tenant_id=tenant_id,
+            parent_id=parent,
+            templated=any(s.stype.value == "template" for s in segments),
+            observed_ttft_ms=round(outcome.ttft_ms, 3) if outcome.ok and outcome.ttft_ms else None,
+            observed_cached_tokens=cached,
+            output_hash=content_hash(answer) if answer and outcome.ok else None,
+            extra=extra,
+        )
+        self.out.append_line(_to_record(req).model_dump_json(exclude_defaults=True))
+        return req
+
+
+def segment_body(segmenter: Segmenter, body: dict[str, Any], chat: bool) -> list[Any]:
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            raise ValueError("'messages' must be a list")
+        return segmenter.messages(messages, body.get("tools"))
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+        prompt = "\n".join(prompt)
+    if not isinstance(prompt, str):
+        raise ValueError("'prompt' must be a string or a list of strings")
+    return segmenter.text(prompt)
+
+
+def with_usage(body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """The body with ``stream_options.include_usage`` on for streams; True when it was added."""
+    if not body.get("stream"):
+        return body, False
+    opts = body.get("stream_options")
+    if isinstance(opts, dict) and opts.get("include_usage"):
+        return body, False
+    new = copy.copy(body)
+    new["stream_options"] = {**(opts if isinstance(opts, dict) else {}), "include_usage": True}
+    return new, True
+
+
+def create_app(
+    config: ProxyConfig | None = None, *, transport: httpx.AsyncBaseTransport | None = None
+) -> FastAPI:
+    cfg = config or ProxyConfig.from_env()
+    segmenter = Segmenter(cfg.tokenizer, redact=cfg.redact_text)
+    writer = TraceWriter(cfg, segmenter)
+    base = cfg.upstream_base_url.rstrip("/")
+    client = httpx.AsyncClient(timeout=httpx.Timeout(cfg.timeout_s), transport=transport)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await client.aclose()
+        writer.out.close()
+
+    app = FastAPI(title="skv telemetry proxy", version="1", lifespan=lifespan)
+    app.state.config = cfg
+    app.state.writer = writer
+    app.state.client = client
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {
+            "status": "ok",
+            "upstream": base,
+            "trace": str(writer.path),
+            "records": writer.out.count,
+        }
+
+    async def handle(request: Request, endpoint: str, chat: bool) -> Response:
+        start = time.perf_counter()
+        arrival = writer.arrival()
+        try:
+            body = await request.json()
+        except ValueError:
+            return openai_error(400, "body must be JSON", "invalid_request_error")
+        if not isinstance(body, dict):
+            return openai_error(400, "body must be a JSON object", "invalid_request_error")
+        try:
+            segments = segment_body(segmenter, body, chat)
+        except ValueError as exc:
+            return openai_error(400, f"cannot segment the request: {exc}", "invalid_request_error")
+        rid = request.headers.get("x-request-id") or f"req-{uuid.uuid4().hex[:16]}"
+        session = request.headers.get("x-session-id")
+        tenant = request.headers.get("x-tenant-id")
+        payload, added_usage = with_usage(body)
+        outcome = Outcome(upstream=base)
+
+        def done(o: Outcome) -> None:
+            try:
+                writer.record(rid, arrival, segments, session, tenant, endpoint, o)
+            except Exception:  # a trace failure must not break serving
+                log.exception("could not record request %s", rid)
+
+        try:
+            resp = await open_upstream(
+                client, base + endpoint, payload, forward_headers(request.headers), outcome
+            )
+        except UpstreamError as err:
+            outcome.status, outcome.error_kind, outcome.error = err.status, err.kind, err.message
+            outcome.total_ms = (time.perf_counter() - start) * 1e3
+            done(outcome)
+            return openai_error(err.status, err.message, err.kind)
+        return await relay_response(resp, outcome, start, done, strip_usage_chunk=added_usage)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await handle(request, "/v1/chat/completions", True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await handle(request, "/v1/completions", False)
+
+    return app
+
+
+def __getattr__(name: str) -> Any:  # ``uvicorn skv.services.proxy:app``
+    if name == "app":
+        return create_app()
+    raise AttributeError(name)

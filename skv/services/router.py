@@ -1,0 +1,355 @@
+"""Cache-locality router: an OpenAI-compatible front for several backend replicas.
+
+It only chooses which replica gets a request; it never controls a backend's cache. For the
+cache-aware policies it keeps an *approximate* cache per replica: an skv ``lru`` ``BlockCache``
+(prefix keying, like vLLM's prefix cache) fed with every request successfully routed there.
+
+Policies (``SKV_ROUTING_POLICY``):
+
+- ``round_robin``: replicas in turn.
+- ``least_loaded``: fewest requests in flight through this router (lowest index on ties).
+- ``prefix_locality``: the replica whose approximate cache holds the longest prefix of the
+  request's blocks; ties (no match anywhere included) go to the least loaded.
+- ``semantic_locality``: like ``prefix_locality``, but the matched prefix is scored by tokens
+  weighted by semantic type (``SEMANTIC_WEIGHTS``: system prompts, tool schemas and templates
+  count most, one-off user text least).
+
+Both locality policies give up locality when the chosen replica has ``max_imbalance`` more
+requests in flight than the least loaded one (then: least loaded).
+
+Failover: a connection error, timeout or 5xx *before any byte reached the client* makes the
+router try the next candidate (every replica at most once); a replica that failed is tried last
+for ``cooldown_s``. Every decision is one JSONL line in ``SKV_ROUTING_OUTPUT_DIR``
+(``outputs/routing/routing-<stamp>.jsonl``): chosen replica, scores, in-flight counts, attempts.
+
+Env: ``SKV_REPLICAS`` (comma-separated base URLs), ``SKV_ROUTING_POLICY`` (default
+``round_robin``), ``SKV_ROUTING_OUTPUT_DIR``, ``SKV_ROUTER_TIMEOUT_SECONDS`` (default 120),
+``SKV_ROUTER_CACHE_TOKENS`` (approximate cache per replica, default 50000).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from skv.blocks import DEFAULT_BLOCK_SIZE, RequestBlocks, request_blocks
+from skv.model import TYPES, SemanticType
+from skv.model import Request as SkvRequest
+from skv.segmenter import Segmenter
+
+from ._common import (
+    JsonlAppender,
+    Outcome,
+    UpstreamError,
+    env_float,
+    env_str,
+    forward_headers,
+    open_upstream,
+    openai_error,
+    relay_response,
+    run_stamp,
+)
+from .proxy import segment_body
+
+log = logging.getLogger(__name__)
+
+POLICIES = ("round_robin", "least_loaded", "prefix_locality", "semantic_locality")
+DEFAULT_ROUTING_DIR = Path("outputs") / "routing"
+
+T = SemanticType
+#: semantic_locality: weight of one matched token of each type
+SEMANTIC_WEIGHTS: dict[SemanticType, float] = {
+    T.SYSTEM: 3.0,
+    T.TOOL_SCHEMA: 3.0,
+    T.TEMPLATE: 3.0,
+    T.RETRIEVED_CONTEXT: 2.0,
+    T.LEGAL_EVIDENCE: 2.0,
+    T.CODE: 1.5,
+    T.TOOL_OUTPUT: 1.0,
+    T.ASSISTANT_HISTORY: 1.0,
+    T.REASONING: 0.8,
+    T.OUTPUT: 0.8,
+    T.USER_QUERY: 0.5,
+    T.UNKNOWN: 0.5,
+}
+
+
+@dataclass
+class RouterConfig:
+    replicas: list[str] = field(default_factory=list)
+    policy: str = "round_robin"
+    routing_output_dir: Path | None = DEFAULT_ROUTING_DIR  # None: no decision log
+    timeout_s: float = 120.0
+    cache_tokens: int = 50_000
+    block_size: int = DEFAULT_BLOCK_SIZE
+    max_imbalance: int = 8
+    cooldown_s: float = 2.0
+    tokenizer: str | None = None
+    weights: dict[SemanticType, float] = field(default_factory=lambda: dict(SEMANTIC_WEIGHTS))
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(
+                f"unknown routing policy {self.policy!r}; known: {', '.join(POLICIES)}"
+            )
+        self.replicas = [r.strip().rstrip("/") for r in self.replicas if r.strip()]
+        if not self.replicas:
+            raise ValueError("no replicas (set SKV_REPLICAS=http://127.0.0.1:8101,...)")
+
+    @classmethod
+    def from_env(cls) -> RouterConfig:
+        out = env_str("SKV_ROUTING_OUTPUT_DIR", str(DEFAULT_ROUTING_DIR))
+        return cls(
+            replicas=(env_str("SKV_REPLICAS", "") or "").split(","),
+            policy=env_str("SKV_ROUTING_POLICY", "round_robin") or "round_robin",
+            routing_output_dir=Path(out) if out else None,
+            timeout_s=env_float("SKV_ROUTER_TIMEOUT_SECONDS", 120.0),
+            cache_tokens=int(env_float("SKV_ROUTER_CACHE_TOKENS", 50_000)),
+            tokenizer=env_str("SKV_TOKENIZER"),
+        )
+
+
+class RouterState:
+    """Replica bookkeeping and the routing decision (no I/O; unit-testable on its own)."""
+
+    def __init__(self, cfg: RouterConfig) -> None:
+        from skv.policies.registry import make_cache
+
+        self.cfg = cfg
+        n = len(cfg.replicas)
+        self.in_flight = [0] * n
+        self.routed = [0] * n
+        self.failures = [0] * n
+        self.down_until = [0.0] * n
+        self.caches = [
+            make_cache("lru", max(1, cfg.cache_tokens // cfg.block_size)) for _ in range(n)
+        ]
+        self._rr = 0
+        self._clock = 0
+        self._lock = threading.Lock()
+
+    def blocks(self, segments: list[Any], session: str | None) -> RequestBlocks:
+        req = SkvRequest("route", 0.0, list(segments), session_id=session)
+        return request_blocks(req, self.cfg.block_size, "prefix")
+
+    def _weight(self, stype: Any) -> float:
+        st = TYPES[stype] if isinstance(stype, int) else SemanticType(stype)
+        return self.cfg.weights.get(st, 1.0)
+
+    def scores(self, rb: RequestBlocks) -> list[float]:
+        """Per replica: matched prefix in blocks (prefix_locality) or weighted tokens (semantic)."""
+        out = []
+        for cache in self.caches:
+            hit = cache.lookup(rb)
+            if self.cfg.policy == "semantic_locality":
+                out.append(
+                    round(sum(rb.tokens[i] * self._weight(rb.stypes[i]) for i in range(hit)), 3)
+                )
+            else:
+                out.append(float(hit))
+        return out
+
+    def candidates(self, rb: RequestBlocks) -> tuple[list[int], list[float] | None, str]:
+        """Replicas in the order to try them, the scores used, and why the first was chosen."""
+        with self._lock:
+            n = len(self.cfg.replicas)
+            now = time.monotonic()
+            healthy = [i for i in range(n) if self.down_until[i] <= now]
+            cooling = [i for i in range(n) if self.down_until[i] > now]
+            load = self.in_flight
+            scores: list[float] | None = None
+            policy = self.cfg.policy
+            reason = policy
+            if policy == "round_robin":
+                start = self._rr % n
+                self._rr += 1
+                order = [(start + k) % n for k in range(n)]
+            elif policy == "least_loaded":
+                order = sorted(range(n), key=lambda i: (load[i], self.routed[i], i))
+            else:
+                scores = self.scores(rb)
+                order = sorted(range(n), key=lambda i: (-scores[i], load[i], self.routed[i], i))
+                least = min(range(n), key=lambda i: (load[i], self.routed[i], i))
+                if load[order[0]] - load[least] > self.cfg.max_imbalance:
+                    order.remove(least)
+                    order.insert(0, least)
+                    reason = f"{policy}: imbalance > {self.cfg.max_imbalance}, least loaded"
+                elif scores[order[0]] <= 0:
+                    reason = f"{policy}: no match, least loaded"
+            order = [i for i in order if i in healthy] + [i for i in order if i in cooling]
+            return order, scores, reason
+
+    def start(self, i: int) -> None:
+        with self._lock:
+            self.in_flight[i] += 1
+
+    def finish(self, i: int, rb: RequestBlocks | None, ok: bool) -> None:
+        with self._lock:
+            self.in_flight[i] = max(0, self.in_flight[i] - 1)
+            if ok:
+                self.routed[i] += 1
+                if rb is not None and rb.keys:
+                    self._clock += 1
+                    self.caches[i].access(rb, float(self._clock))
+            else:
+                self.failures[i] += 1
+                self.down_until[i] = time.monotonic() + self.cfg.cooldown_s
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "policy": self.cfg.policy,
+            "replicas": [
+                {
+                    "url": url,
+                    "in_flight": self.in_flight[i],
+                    "routed": self.routed[i],
+                    "failures": self.failures[i],
+                    "approx_cached_blocks": len(self.caches[i]),
+                }
+                for i, url in enumerate(self.cfg.replicas)
+            ],
+        }
+
+
+def create_app(
+    config: RouterConfig | None = None,
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+    mounts: Mapping[str, httpx.AsyncBaseTransport] | None = None,
+) -> FastAPI:
+    """``mounts``: URL prefix -> transport (e.g. ``httpx.ASGITransport`` of in-process replicas)."""
+    cfg = config or RouterConfig.from_env()
+    state = RouterState(cfg)
+    segmenter = Segmenter(cfg.tokenizer, redact=True)
+    log_out = (
+        JsonlAppender(cfg.routing_output_dir / f"routing-{run_stamp()}.jsonl")
+        if cfg.routing_output_dir is not None
+        else None
+    )
+    client = httpx.AsyncClient(
+        timeout=httpx.Timeout(cfg.timeout_s), transport=transport, mounts=dict(mounts or {}) or None
+    )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await client.aclose()
+        if log_out is not None:
+            log_out.close()
+
+    app = FastAPI(title="skv cache-locality router", version="1", lifespan=lifespan)
+    app.state.router = state
+    app.state.client = client
+    app.state.decisions = log_out
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", **state.snapshot()}
+
+    @app.get("/router/state")
+    async def router_state() -> dict[str, Any]:
+        return state.snapshot()
+
+    async def handle(request: Request, endpoint: str, chat: bool) -> Response:
+        start = time.perf_counter()
+        try:
+            body = await request.json()
+        except ValueError:
+            return openai_error(400, "body must be JSON", "invalid_request_error")
+        if not isinstance(body, dict):
+            return openai_error(400, "body must be a JSON object", "invalid_request_error")
+        try:
+            segments = segment_body(segmenter, body, chat)
+        except ValueError as exc:
+            return openai_error(400, f"cannot segment the request: {exc}", "invalid_request_error")
+        rid = request.headers.get("x-request-id") or f"req-{uuid.uuid4().hex[:16]}"
+        session = request.headers.get("x-session-id")
+        rb = state.blocks(segments, session)
+        order, scores, reason = state.candidates(rb)
+        headers = forward_headers(request.headers)
+        attempts: list[dict[str, Any]] = []
+        decision: dict[str, Any] = {
+            "ts": round(time.time(), 3),
+            "request_id": rid,
+            "session_id": session,
+            "tenant_id": request.headers.get("x-tenant-id"),
+            "endpoint": endpoint,
+            "policy": cfg.policy,
+            "reason": reason,
+            "prompt_tokens": rb.prompt_tokens,
+            "num_blocks": rb.num_blocks,
+            "scores": scores,
+            "in_flight": list(state.in_flight),
+            "attempts": attempts,
+        }
+
+        def log_decision(chosen: int | None, outcome: Outcome | None) -> None:
+            decision["chosen"] = chosen
+            decision["replica"] = cfg.replicas[chosen] if chosen is not None else None
+            if outcome is not None:
+                decision["status"] = outcome.status
+                decision["cached_tokens"] = outcome.cached_tokens
+                decision["ttft_ms"] = round(outcome.ttft_ms, 3) if outcome.ttft_ms else None
+                decision["total_ms"] = round(outcome.total_ms, 3) if outcome.total_ms else None
+                if outcome.error_kind:
+                    decision["error"] = outcome.error_kind
+            if log_out is not None:
+                try:
+                    log_out.append(decision)
+                except OSError:
+                    log.exception("cannot write routing decision")
+
+        last: UpstreamError | None = None
+        for i in order:
+            url = cfg.replicas[i]
+            outcome = Outcome(upstream=url)
+            state.start(i)
+            try:
+                resp = await open_upstream(client, url + endpoint, body, headers, outcome)
+            except UpstreamError as err:
+                state.finish(i, None, ok=False)
+                attempts.append({"replica": i, "error": err.kind, "status": err.upstream_status})
+                last = err
+                continue
+            attempts.append({"replica": i, "status": resp.status_code})
+
+            def done(o: Outcome, i: int = i) -> None:
+                # a dropped stream still prefilled the prompt there: the cache state is updated
+                state.finish(i, rb, ok=o.error_kind is None or o.error_kind == "dropped_stream")
+                log_decision(i, o)
+
+            return await relay_response(resp, outcome, start, done)
+        assert last is not None
+        fail = Outcome(status=last.status, error_kind=last.kind, error=last.message)
+        fail.total_ms = (time.perf_counter() - start) * 1e3
+        log_decision(None, fail)
+        return openai_error(
+            last.status, f"all {len(order)} replicas failed; last: {last.message}", last.kind
+        )
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await handle(request, "/v1/chat/completions", True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await handle(request, "/v1/completions", False)
+
+    return app
+
+
+def __getattr__(name: str) -> Any:  # ``uvicorn skv.services.router:app``
+    if name == "app":
+        return create_app()
+    raise AttributeError(name)

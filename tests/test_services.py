@@ -1,0 +1,313 @@
+"""skv.services: mock engine, telemetry proxy, cache-locality router, simulation API.
+
+In-process apps over httpx's ASGI transport, plus real uvicorn servers on 127.0.0.1 (random
+free ports) where a stream must really pass through or break. Loopback only, bounded loops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytest.importorskip("fastapi")
+uvicorn = pytest.importorskip("uvicorn")
+
+from skv.services import mock_backend, proxy, router, sim_api  # noqa: E402
+from skv.traces import load_trace  # noqa: E402
+
+SYSTEM = "You are a concise assistant for the support team. " * 12
+MSGS = [
+    {"role": "system", "content": SYSTEM},
+    {"role": "user", "content": "CONTEXT: shared document about refunds.\n\nUSER: summarize it"},
+]
+
+
+@contextmanager
+def serve(app) -> Iterator[str]:
+    """Run ``app`` under uvicorn on 127.0.0.1 (free port) in a thread; yields the base URL."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    th = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    th.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        th.join(timeout=5)
+        sock.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def asgi(app) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test", timeout=10)
+
+
+def records(path: Path) -> list[dict]:
+    lines = path.read_text().splitlines()
+    assert json.loads(lines[0])["skv_trace"] == 1
+    return [json.loads(x) for x in lines[1:]]
+
+
+# --------------------------------------------------------------------------- mock backend
+
+
+def test_mock_backend_reports_cached_tokens_and_metrics():
+    async def go():
+        app = mock_backend.create_app(mock_backend.MockConfig())
+        async with asgi(app) as c:
+            r1 = (await c.post("/v1/chat/completions", json={"messages": MSGS})).json()
+            r2 = (await c.post("/v1/chat/completions", json={"messages": MSGS})).json()
+            assert r1["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+            assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+            assert r1["choices"][0]["message"]["content"] == r2["choices"][0]["message"]["content"]
+            r3 = (await c.post("/v1/completions", json={"prompt": "hello there"})).json()
+            assert r3["choices"][0]["text"]
+            m = (await c.get("/metrics")).text
+            assert "vllm:prefix_cache_hits_total" in m and "vllm:prefix_cache_queries_total" in m
+            assert (await c.get("/health")).json()["status"] == "ok"
+
+    asyncio.run(go())
+
+
+# --------------------------------------------------------------------------- proxy
+
+
+def _proxy(tmp_path: Path, upstream: str, timeout: float = 5.0, name: str = "t"):
+    cfg = proxy.ProxyConfig(
+        upstream_base_url=upstream, trace_output_dir=tmp_path, timeout_s=timeout, trace_name=name
+    )
+    return proxy.create_app(cfg), tmp_path / f"{name}.jsonl"
+
+
+def test_proxy_streams_through_real_server_and_records(tmp_path):
+    backend = mock_backend.create_app(mock_backend.MockConfig(time_scale=0.2, itl_ms=2))
+    with serve(backend) as up:
+        app, trace = _proxy(tmp_path, up)
+        with serve(app) as px, httpx.Client(base_url=px, timeout=10) as c:
+            hdr = {"X-Session-ID": "s1", "X-Tenant-ID": "t1"}
+            r = c.post("/v1/chat/completions", json={"messages": MSGS}, headers=hdr)
+            assert r.status_code == 200
+            direct = httpx.post(
+                up + "/v1/chat/completions", json={"messages": MSGS, "max_tokens": 5}
+            )
+            assert direct.status_code == 200
+            events = []
+            with c.stream(
+                "POST", "/v1/chat/completions",
+                json={"messages": MSGS, "stream": True}, headers=hdr,
+            ) as s:  # fmt: skip
+                assert s.status_code == 200
+                assert s.headers["content-type"].startswith("text/event-stream")
+                for line in s.iter_lines():
+                    if line.startswith("data: "):
+                        events.append(line[6:])
+            assert events[-1] == "[DONE]"
+            chunks = [json.loads(e) for e in events[:-1]]
+            # the usage chunk the proxy asked for is not shown to a client that did not ask
+            assert all(ch["choices"] for ch in chunks)
+            text = "".join(ch["choices"][0]["delta"].get("content") or "" for ch in chunks)
+            assert text == r.json()["choices"][0]["message"]["content"]
+    reqs = load_trace(trace)
+    assert len(reqs) == 2
+    first, second = sorted(reqs, key=lambda q: q.arrival_s)
+    assert first.session_id == "s1" and first.tenant_id == "t1"
+    assert second.parent_id == first.request_id
+    assert all(q.observed_ttft_ms and q.observed_ttft_ms > 0 for q in reqs)
+    assert second.observed_cached_tokens and second.observed_cached_tokens > 0
+    assert second.extra["stream"] is True and "total_latency_ms" in second.extra
+    assert all(s.text is None for q in reqs for s in q.segments)  # redacted by default
+    assert {s.stype.value for s in first.segments} >= {"system", "retrieved_context"}
+
+
+def test_proxy_faults_give_clear_errors_and_records(tmp_path):
+    engine_app = mock_backend.create_app(mock_backend.MockConfig())
+    faults = engine_app.state.engine.faults
+    with serve(engine_app) as up:
+        app, trace = _proxy(tmp_path, up, timeout=0.5)
+        with serve(app) as px, httpx.Client(base_url=px, timeout=10) as c:
+            body = {"messages": MSGS}
+            faults.update({"delay_s": 2.0})
+            r = c.post("/v1/chat/completions", json=body)
+            assert r.status_code == 504 and r.json()["error"]["type"] == "timeout"
+            faults.update({"delay_s": 0.0, "fail_status": 503, "fail_count": 1})
+            r = c.post("/v1/chat/completions", json=body)
+            assert r.status_code == 502 and r.json()["error"]["type"] == "upstream_5xx"
+            faults.update({"drop_after_chunks": 2})
+            with c.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as s:
+                assert s.status_code == 200  # headers were out before the break
+                lines = [ln for ln in s.iter_lines() if ln.startswith("data: ")]
+            assert "[DONE]" not in lines[-1]
+            assert json.loads(lines[-1][6:])["error"]["type"] == "dropped_stream"
+            faults.update({"drop_after_chunks": None})
+            r = c.post("/v1/chat/completions", json=body)  # still serving
+            assert r.status_code == 200
+    recs = records(trace)
+    kinds = [r.get("extra", {}).get("error", {}).get("kind") for r in recs]
+    assert kinds == ["timeout", "upstream_5xx", "dropped_stream", None]
+    assert [r["extra"]["status"] for r in recs][:2] == [504, 502]
+    assert len(load_trace(trace)) == 4
+
+
+def test_proxy_connection_refused(tmp_path):
+    async def go():
+        app, trace = _proxy(tmp_path, f"http://127.0.0.1:{free_port()}")
+        async with asgi(app) as c:
+            r = await c.post("/v1/chat/completions", json={"messages": MSGS})
+            assert r.status_code == 502 and r.json()["error"]["type"] == "connect"
+            assert (await c.get("/health")).status_code == 200
+            bad = await c.post("/v1/chat/completions", json={"messages": "nope"})
+            assert bad.status_code == 400
+        (rec,) = records(trace)
+        assert rec["extra"]["error"]["kind"] == "connect"
+
+    asyncio.run(go())
+
+
+# --------------------------------------------------------------------------- router
+
+
+def _replicas(n: int, **kw):
+    apps = [mock_backend.create_app(mock_backend.MockConfig(name=f"r{i}", **kw)) for i in range(n)]
+    mounts = {f"http://replica-{i}": httpx.ASGITransport(a) for i, a in enumerate(apps)}
+    return apps, [f"http://replica-{i}" for i in range(n)], mounts
+
+
+def _router(tmp_path, policy, urls, mounts):
+    cfg = router.RouterConfig(replicas=urls, policy=policy, routing_output_dir=tmp_path)
+    return router.create_app(cfg, mounts=mounts)
+
+
+def _msgs(k: int) -> list[dict]:
+    return [
+        {"role": "system", "content": f"You are assistant number {k}. " + "Be precise. " * 40},
+        {"role": "user", "content": f"question {k}"},
+    ]
+
+
+def test_router_round_robin_spreads(tmp_path):
+    async def go():
+        apps, urls, mounts = _replicas(3)
+        app = _router(tmp_path, "round_robin", urls, mounts)
+        async with asgi(app) as c:
+            for _ in range(6):
+                r = await c.post("/v1/chat/completions", json={"messages": _msgs(0)})
+                assert r.status_code == 200
+        assert [a.state.engine.calls for a in apps] == [2, 2, 2]
+        (log,) = list(tmp_path.glob("routing-*.jsonl"))
+        assert [json.loads(x)["chosen"] for x in log.read_text().splitlines()] == [0, 1, 2] * 2
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("policy", ["prefix_locality", "semantic_locality"])
+def test_router_locality_keeps_prefixes_together(tmp_path, policy):
+    async def go():
+        apps, urls, mounts = _replicas(3)
+        app = _router(tmp_path, policy, urls, mounts)
+        chosen: dict[int, set[str]] = {}
+        async with asgi(app) as c:
+            for _rep in range(3):
+                for k in range(4):
+                    r = await c.post("/v1/chat/completions", json={"messages": _msgs(k)})
+                    assert r.status_code == 200
+            log = next(tmp_path.glob("routing-*.jsonl")).read_text().splitlines()
+        for i, line in enumerate(log):
+            chosen.setdefault(i % 4, set()).add(json.loads(line)["chosen"])
+        assert all(len(v) == 1 for v in chosen.values())  # each prefix stayed on one replica
+        assert len(set().union(*chosen.values())) > 1  # and distinct prefixes spread out
+        hits = sum(a.state.engine.counters["prefix_cache_hits"] for a in apps)
+        assert hits > 0
+
+    asyncio.run(go())
+
+
+def test_router_fails_over(tmp_path):
+    async def go():
+        apps, urls, mounts = _replicas(2)
+        dead = f"http://127.0.0.1:{free_port()}"
+        cfg = router.RouterConfig(
+            replicas=[dead, *urls], policy="round_robin", routing_output_dir=tmp_path
+        )
+        app = router.create_app(cfg, mounts=mounts)
+        apps[0].state.engine.faults.update({"fail_status": 500, "fail_count": -1})
+        async with asgi(app) as c:
+            for _ in range(4):
+                r = await c.post("/v1/chat/completions", json={"messages": _msgs(1)})
+                assert r.status_code == 200
+            st = (await c.get("/router/state")).json()
+        assert st["replicas"][0]["failures"] >= 1 and st["replicas"][2]["routed"] == 4
+        log = [
+            json.loads(x) for x in next(tmp_path.glob("routing-*.jsonl")).read_text().splitlines()
+        ]
+        assert all(d["chosen"] == 2 for d in log)
+        assert log[0]["attempts"][0]["error"] == "connect"
+
+    asyncio.run(go())
+
+
+def test_router_all_down_is_502(tmp_path):
+    async def go():
+        cfg = router.RouterConfig(
+            replicas=[f"http://127.0.0.1:{free_port()}"], routing_output_dir=None
+        )
+        async with asgi(router.create_app(cfg)) as c:
+            r = await c.post("/v1/chat/completions", json={"messages": MSGS})
+            assert r.status_code == 502 and "replicas failed" in r.json()["error"]["message"]
+
+    asyncio.run(go())
+
+
+# --------------------------------------------------------------------------- sim API
+
+
+def test_sim_api_hits_on_repeat():
+    async def go():
+        async with asgi(sim_api.create_app(sim_api.SimConfig())) as c:
+            assert (await c.get("/health")).json()["status"] == "ok"
+            body = {"request_id": "req_001", "session_id": "sess_001", "messages": MSGS}
+            a = (await c.post("/v1/simulate/request", json=body)).json()
+            b = (await c.post("/v1/simulate/request", json=body)).json()
+            assert a["hit_tokens"] == 0 and b["hit_tokens"] == b["prompt_tokens"] > 0
+            assert b["estimated_ttft_ms"] < a["estimated_ttft_ms"]
+            assert all(blk["hit"] for blk in b["blocks"]) and a["blocks"]
+            assert (await c.post("/v1/simulate/request", json={"x": 1})).status_code == 400
+
+    asyncio.run(go())
+
+
+def test_cli_register_and_demo(capsys):
+    import argparse
+
+    from skv.services import cli
+
+    p = argparse.ArgumentParser()
+    cli.register(p.add_subparsers())
+    for cmd in ("serve-mock", "proxy", "router", "sim-api"):
+        assert p.parse_args([cmd]).host == "127.0.0.1"
+    args = p.parse_args(["demo-router", "--requests", "30", "--policies", "round_robin",
+                         "prefix_locality"])  # fmt: skip
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert "round_robin" in out and "prefix_locality" in out and "%" in out

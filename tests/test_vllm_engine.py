@@ -10,17 +10,27 @@ idle 2-core machine, up to a few minutes under load.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import random
 import subprocess
-import threading
 import time
 
 import pytest
 
+from skv.model import Request, Segment, SemanticType
+from skv.replay import compile_trace, replay_trace
+from skv.traces import load_trace
+from skv.traces.native import write_skv_trace
 from skv.vllm import tiny_model as tiny_model_module
 from skv.vllm.client import StreamingClient, replay, summarize
+from skv.vllm.hashreplay import (
+    HashReplayConfig,
+    bench_summary,
+    plan_hash_replay,
+    replay_plan,
+    results_to_trace,
+)
+from skv.vllm.kv_events import BlockRemoved, BlockStored, KVEventSubscriber, KVIndex
 from skv.vllm.metrics import parse_prometheus, scrape, scrape_prefix_cache
 from skv.vllm.server import ENGINE_ENV, VllmServer, find_engine_python, setup_hint
 
@@ -72,78 +82,6 @@ def run(coro):
 
 # ---------------------------------------------------------------------- fixtures
 
-_SUBSCRIBER = r"""
-import json, sys, time, zmq, msgspec
-endpoint, topic = sys.argv[1], sys.argv[2]
-sub = zmq.Context().socket(zmq.SUB)
-sub.connect(endpoint)
-sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
-time.sleep(0.5)  # let the subscription reach the publisher before events are sent
-print(json.dumps({"ready": True}), flush=True)
-while True:
-    if not sub.poll(200):
-        continue
-    _topic, seq, payload = sub.recv_multipart()
-    ts, events, *_ = msgspec.msgpack.decode(payload)
-    for ev in events:
-        print(json.dumps({
-            "seq": int.from_bytes(seq, "big"),
-            "type": ev.get("type"),
-            "hashes": len(ev.get("block_hashes") or []),
-            "tokens": len(ev.get("token_ids") or []),
-            "block_size": ev.get("block_size"),
-        }), flush=True)
-"""
-
-
-class KvEventTap:
-    """A ZMQ subscriber in the engine venv (it has pyzmq and msgspec; the project venv need
-    not); every KV event it decodes lands in ``events``."""
-
-    def __init__(self, python, endpoint: str, topic: str) -> None:
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-        self.proc = subprocess.Popen(
-            [str(python), "-c", _SUBSCRIBER, endpoint, topic],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-        )
-        self.events: list[dict] = []
-        self.other: list[str] = []
-        self.ready = threading.Event()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
-                self.other.append(line.rstrip())
-                continue
-            if obj.get("ready"):
-                self.ready.set()
-            else:
-                self.events.append(obj)
-
-    def wait_for(self, pred, timeout: float = 20.0) -> list[dict]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = [e for e in list(self.events) if pred(e)]
-            if found:
-                return found
-            time.sleep(0.1)
-        return []
-
-    def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
 
 @pytest.fixture(scope="module")
 def engine_python():
@@ -188,11 +126,20 @@ def server(engine_python, tiny_model, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def kv_tap(server, engine_python):
-    tap = KvEventTap(engine_python, server.kv_events_endpoint, server.kv_events_topic)
-    assert tap.ready.wait(60), f"KV event subscriber did not start: {tap.other}"
-    yield tap
-    tap.close()
+def kv_index():
+    return KVIndex()
+
+
+@pytest.fixture(scope="module")
+def kv_tap(server, kv_index):
+    """The in-project subscriber on the engine's KV events, feeding ``kv_index``."""
+    sub = KVEventSubscriber(
+        server.kv_events_endpoint, server.kv_events_topic, replica="r0", index=kv_index
+    )
+    sub.start()
+    time.sleep(0.5)  # let the subscription reach the publisher before events are sent
+    yield sub
+    sub.close()
 
 
 def client(server) -> StreamingClient:
@@ -318,14 +265,15 @@ def test_closed_and_open_loop_replays_against_the_engine(server):
 def test_kv_events_report_stored_blocks(server, kv_tap):
     (r,) = run(_sequential(server, [text(200, seed=7) + " kv events"]))
     assert r.ok, r.error
-    stored = kv_tap.wait_for(lambda e: e["type"] == "BlockStored")
-    assert stored, f"no BlockStored event; subscriber said: {kv_tap.other[-5:]}"
-    assert all(e["block_size"] == BLOCK for e in stored)
-    assert all(e["tokens"] == e["hashes"] * BLOCK for e in stored)
-    assert sum(e["hashes"] for e in stored) >= r.prompt_tokens // BLOCK
+    stored = kv_tap.wait_for(lambda e: isinstance(e, BlockStored))
+    assert stored, f"no BlockStored event; subscriber: {kv_tap.stats()}"
+    assert all(e.block_size == BLOCK for e in stored)
+    assert all(e.num_tokens == len(e.block_hashes) * BLOCK for e in stored)
+    assert sum(len(e.block_hashes) for e in stored) >= r.prompt_tokens // BLOCK
+    assert kv_tap.decode_errors == 0
 
 
-def test_a_small_cache_evicts_and_reports_removed_blocks(server, kv_tap):
+def test_a_small_cache_evicts_and_reports_removed_blocks(server, kv_tap, kv_index):
     # 4 distinct ~1600-token prompts need ~200 blocks; the cache holds 128
     prompts = [text(650, seed=100 + i) for i in range(4)]
     results = run(_sequential(server, [*prompts, prompts[0]]))
@@ -333,5 +281,109 @@ def test_a_small_cache_evicts_and_reports_removed_blocks(server, kv_tap):
     full_hit = (results[0].prompt_tokens - 1) // BLOCK * BLOCK
     again = results[-1]
     assert again.cached_tokens < full_hit  # its blocks were evicted in between
-    removed = kv_tap.wait_for(lambda e: e["type"] == "BlockRemoved")
+    removed = kv_tap.wait_for(lambda e: isinstance(e, BlockRemoved))
     assert removed, "no BlockRemoved event although the cache overflowed"
+    st = kv_index.state("r0")
+    assert st.removals > 0 and st.removed_blocks > 0
+    assert kv_index.num_blocks("r0") <= BLOCKS  # the index mirrors a cache of BLOCKS blocks
+
+
+# ---------------------------------------------------------------------- hash-id replay
+
+
+def _synthetic_hash_trace(n: int = 30, seed: int = 11) -> list[Request]:
+    """``n`` requests over 4 shared 6-block "documents" (ids 1000+) plus 1-3 unique blocks
+    each (ids 5000+), 64-token trace blocks, 0.05 s apart: ~30% of blocks are repeats."""
+    rng = random.Random(seed)
+    reqs = []
+    uid = 5000
+    for i in range(n):
+        doc = rng.randrange(4)
+        shared = [1000 + 10 * doc + k for k in range(6)]
+        own = list(range(uid, uid + rng.randint(1, 3)))
+        uid += len(own)
+        ids = shared + own
+        tokens = 64 * len(ids) - rng.randrange(40)  # a partial last block
+        reqs.append(
+            Request(
+                f"syn:{i}",
+                0.05 * i,
+                [
+                    Segment(SemanticType.SYSTEM, 6 * 64),
+                    Segment(SemanticType.USER_QUERY, tokens - 384),
+                ],
+                output_tokens=4,
+                hash_ids=ids,
+                hash_block_size=64,
+            )
+        )
+    return reqs
+
+
+def test_hash_id_trace_replays_with_prefix_hits_and_writes_a_replayable_trace(
+    server, kv_tap, kv_index, tmp_path
+):
+    cfg = HashReplayConfig(
+        block_size=BLOCK, max_model_len=server.max_model_len, max_output_tokens=4
+    )
+    plan = plan_hash_replay(_synthetic_hash_trace(), cfg)
+
+    async def go():
+        async with client(server) as c:
+            return await replay_plan(c, plan, concurrency=1)
+
+    results = run(go())
+    assert all(r.ok for r in results), [r.error for r in results if not r.ok]
+    assert [r.prompt_tokens for r in results] == [it.prompt_tokens for it in plan.items]
+    seen: set[int] = set()
+    for it, r in zip(plan.items, results, strict=True):
+        assert r.cached_tokens % BLOCK == 0 and r.cached_tokens <= r.prompt_tokens - 1
+        if it.hash_ids[0] in seen:  # its 6-block document was sent before, sequentially
+            assert r.cached_tokens >= 5 * BLOCK, (it.request.request_id, r.cached_tokens)
+        seen.update(it.hash_ids[:1])
+    # the engine stored exactly our mapped blocks: a document's tokens are in a BlockStored
+    doc0 = plan.items[0].token_ids[:BLOCK]
+    stored = kv_tap.wait_for(
+        lambda e: (
+            isinstance(e, BlockStored)
+            and any(
+                tuple(e.token_ids[k : k + BLOCK]) == tuple(doc0)
+                for k in range(0, e.num_tokens, BLOCK)
+            )
+        )
+    )
+    assert stored
+    assert kv_index.state("r0").stored_blocks > 0
+
+    trace = results_to_trace(plan, results)
+    path = write_skv_trace(tmp_path / "engine_trace.jsonl", trace, meta=plan.meta())
+    back = load_trace(path)
+    assert len(back) == 30
+    assert [r.observed_cached_tokens for r in back] == [r.cached_tokens for r in results]
+    assert all(r.observed_ttft_ms and r.observed_ttft_ms > 0 for r in back)
+    rows = replay_trace(compile_trace(back), ["lru"], [str(BLOCKS - 1)], progress=False)
+    engine_hits = sum(r.cached_tokens for r in results)
+    assert rows[0]["hit_tokens"] > 0 and engine_hits > 0
+    s = bench_summary(results)
+    assert s["completed"] == 30 and s["failed"] == 0 and s["mean_ttft_ms"] > 0
+    assert s["total_cached_tokens"] == engine_hits
+
+
+def test_mooncake_tiny_replays_open_loop(server):
+    cfg = HashReplayConfig(
+        block_size=BLOCK, max_model_len=server.max_model_len, max_output_tokens=4, time_scale=0.1
+    )
+    plan = plan_hash_replay(load_trace("tests/data/mooncake_tiny.jsonl"), cfg)
+
+    async def go():
+        async with client(server) as c:
+            return await replay_plan(c, plan)
+
+    results = run(go())
+    assert all(r.ok for r in results), [r.error for r in results if not r.ok]
+    for it, r in zip(plan.items, results, strict=True):
+        assert r.sent_at >= it.arrival_s - 0.01
+    trace = results_to_trace(plan, results)
+    assert all(t.observed_ttft_ms is not None for t in trace)
+    # the later requests share block 0 (id 0) with the first, 0.15 s+ earlier
+    assert sum(r.cached_tokens for r in results[2:]) > 0

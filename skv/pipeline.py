@@ -48,6 +48,8 @@ class Step:
     config: str
     outputs: tuple[str, ...]
     needs_traces: tuple[str, ...] = ()
+    #: runs a real vLLM engine (skv.vllm): skipped, with the reason, when its venv is absent
+    needs_engine: bool = False
     depends: tuple[str, ...] = ()
     params: dict[str, Any] = field(default_factory=dict)
 
@@ -106,6 +108,12 @@ STEPS: dict[str, Step] = {
             "experiments/replay/claude_code_capacity.yaml",
             ("tables/reuse_by_type_claude_code.csv", "tables/reuse_by_type_claude_code.tex"),
             needs_traces=("weka_cc",),
+        ),
+        Step(
+            "fig_fidelity_vllm",
+            "experiments/fidelity/fidelity_vllm.yaml",
+            _fig("fig_fidelity_vllm"),
+            needs_engine=True,
         ),
     )
 }
@@ -219,6 +227,17 @@ def missing_traces(step: Step) -> str | None:
     return None
 
 
+def missing_engine(step: Step) -> str | None:
+    """Why a ``needs_engine`` step cannot run (no vLLM engine venv), or None."""
+    if not step.needs_engine:
+        return None
+    from skv.vllm.server import find_engine_python, setup_hint
+
+    if find_engine_python() is None:
+        return f"vLLM engine venv absent: {setup_hint()}"
+    return None
+
+
 # ----------------------------------------------------------------------------------------
 # running
 
@@ -329,7 +348,7 @@ def run_pipeline(
         ]
         if bad_dep:
             return Result(step.name, "skipped", note=f"needs {bad_dep[0]}, which did not run")
-        why = missing_traces(step)
+        why = missing_traces(step) or missing_engine(step)
         if why:
             return Result(step.name, "skipped", note=why)
         params = notebook_params(step, layout, quick=quick, seed=seed, root=root)
@@ -482,6 +501,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cmd == "list":
         for s in STEPS.values():
             extra = f"  traces: {', '.join(s.needs_traces)}" if s.needs_traces else ""
+            extra += "  needs: vLLM engine" if s.needs_engine else ""
             print(f"{s.name:<32} {s.config:<48}{extra}")
         return 0
     if args.cmd == "check":

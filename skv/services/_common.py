@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,31 @@ def openai_error(status: int, message: str, kind: str, **extra: Any) -> JSONResp
     return JSONResponse(
         {"error": {"message": message, "type": kind, "code": status, **extra}}, status_code=status
     )
+
+
+async def json_object_body(request: Request) -> dict[str, Any] | JSONResponse:
+    """The request's JSON object body, or the 400 error to return instead."""
+    try:
+        body = await request.json()
+    except ValueError:
+        return openai_error(400, "body must be JSON", "invalid_request_error")
+    if not isinstance(body, dict):
+        return openai_error(400, "body must be a JSON object", "invalid_request_error")
+    return body
+
+
+def add_completion_routes(
+    app: FastAPI, handle: Callable[[Request, str, bool], Awaitable[Response]]
+) -> None:
+    """The two OpenAI endpoints, both served by ``handle(request, endpoint, chat)``."""
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await handle(request, "/v1/chat/completions", True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await handle(request, "/v1/completions", False)
 
 
 class JsonlAppender:

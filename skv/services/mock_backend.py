@@ -40,7 +40,7 @@ from skv.model import Request as SkvRequest
 from skv.model import content_hash
 from skv.segmenter import Segmenter
 
-from ._common import openai_error
+from ._common import json_object_body, openai_error
 
 
 @dataclass
@@ -200,12 +200,9 @@ def create_app(config: MockConfig | None = None, faults: Faults | None = None) -
         return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
     async def serve(request: Request, chat: bool) -> Response:
-        try:
-            body = await request.json()
-        except ValueError:
-            return openai_error(400, "body must be JSON", "invalid_request_error")
-        if not isinstance(body, dict):
-            return openai_error(400, "body must be a JSON object", "invalid_request_error")
+        body = await json_object_body(request)
+        if isinstance(body, Response):
+            return body
         faults = engine.faults
         if faults.delay_s > 0:
             await asyncio.sleep(float(faults.delay_s))

@@ -52,10 +52,12 @@ from ._common import (
     JsonlAppender,
     Outcome,
     UpstreamError,
+    add_completion_routes,
     env_bool,
     env_float,
     env_str,
     forward_headers,
+    json_object_body,
     open_upstream,
     openai_error,
     relay_response,
@@ -245,12 +247,9 @@ def create_app(
     async def handle(request: Request, endpoint: str, chat: bool) -> Response:
         start = time.perf_counter()
         arrival = writer.arrival()
-        try:
-            body = await request.json()
-        except ValueError:
-            return openai_error(400, "body must be JSON", "invalid_request_error")
-        if not isinstance(body, dict):
-            return openai_error(400, "body must be a JSON object", "invalid_request_error")
+        body = await json_object_body(request)
+        if isinstance(body, Response):
+            return body
         try:
             segments = segment_body(segmenter, body, chat)
         except ValueError as exc:
@@ -278,13 +277,7 @@ def create_app(
             return openai_error(err.status, err.message, err.kind)
         return await relay_response(resp, outcome, start, done, strip_usage_chunk=added_usage)
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> Response:
-        return await handle(request, "/v1/chat/completions", True)
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await handle(request, "/v1/completions", False)
+    add_completion_routes(app, handle)
 
     return app
 

@@ -52,9 +52,11 @@ from ._common import (
     JsonlAppender,
     Outcome,
     UpstreamError,
+    add_completion_routes,
     env_float,
     env_str,
     forward_headers,
+    json_object_body,
     open_upstream,
     openai_error,
     relay_response,
@@ -263,12 +265,9 @@ def create_app(
 
     async def handle(request: Request, endpoint: str, chat: bool) -> Response:
         start = time.perf_counter()
-        try:
-            body = await request.json()
-        except ValueError:
-            return openai_error(400, "body must be JSON", "invalid_request_error")
-        if not isinstance(body, dict):
-            return openai_error(400, "body must be a JSON object", "invalid_request_error")
+        body = await json_object_body(request)
+        if isinstance(body, Response):
+            return body
         try:
             segments = segment_body(segmenter, body, chat)
         except ValueError as exc:
@@ -338,13 +337,7 @@ def create_app(
             last.status, f"all {len(order)} replicas failed; last: {last.message}", last.kind
         )
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> Response:
-        return await handle(request, "/v1/chat/completions", True)
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await handle(request, "/v1/completions", False)
+    add_completion_routes(app, handle)
 
     return app
 

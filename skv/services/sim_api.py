@@ -26,7 +26,7 @@ from skv.latency import make_latency_model
 from skv.model import TYPES, SemanticType
 from skv.model import Request as SkvRequest
 
-from ._common import env_float, env_str, openai_error
+from ._common import env_float, env_str, json_object_body, openai_error
 from .proxy import segment_body
 
 
@@ -149,12 +149,9 @@ def create_app(config: SimConfig | None = None) -> FastAPI:
 
     @app.post("/v1/simulate/request")
     async def simulate(request: Request) -> Response:
-        try:
-            body = await request.json()
-        except ValueError:
-            return openai_error(400, "body must be JSON", "invalid_request_error")
-        if not isinstance(body, dict):
-            return openai_error(400, "body must be a JSON object", "invalid_request_error")
+        body = await json_object_body(request)
+        if isinstance(body, Response):
+            return body
         try:
             return JSONResponse(sim.simulate(body))
         except ValueError as exc:

@@ -1,9 +1,15 @@
-"""Shared test setup: make ``tests/helpers.py`` importable under any pytest import mode."""
+"""Shared test setup: make ``tests/helpers.py`` importable under any pytest import mode; refuse
+stale compiled modules; the real-engine fixtures (engine venv, tiny model) shared by the
+``vllm``-marked modules."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 _HERE = str(Path(__file__).parent)
 if _HERE not in sys.path:
@@ -12,8 +18,6 @@ if _HERE not in sys.path:
 
 def pytest_configure(config) -> None:
     """Refuse to test stale compiled modules: they would run old code (see skv/_build.py)."""
-    import pytest
-
     from skv._build import build_status
 
     stale = [rel for rel, state in build_status().items() if state == "stale"]
@@ -23,3 +27,34 @@ def pytest_configure(config) -> None:
             "`python setup.py build_ext --inplace` (./reproduce.sh does it for you)",
             returncode=3,
         )
+
+
+@pytest.fixture(scope="session")
+def engine_python() -> Path:
+    """The engine venv's interpreter; the ``vllm`` tests skip without it (scripts/setup_vllm.sh)."""
+    from skv.vllm.server import find_engine_python, setup_hint
+
+    py = find_engine_python()
+    if py is None:
+        pytest.skip(f"vLLM engine venv absent: {setup_hint()}")
+    return py
+
+
+@pytest.fixture(scope="session")
+def tiny_model(engine_python, tmp_path_factory) -> Path:
+    """A tiny random-weight Llama with its own tokenizer and chat template (built in seconds)."""
+    from skv.vllm import tiny_model as tiny_model_module
+    from skv.vllm.server import ENGINE_ENV
+
+    out = tmp_path_factory.mktemp("tiny-llama")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env.update(ENGINE_ENV)
+    proc = subprocess.run(
+        [str(engine_python), tiny_model_module.__file__, str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out

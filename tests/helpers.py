@@ -1,8 +1,9 @@
-"""Small builders shared by the cache, pool, property and replay tests."""
+"""Small builders shared by the cache, pool, property, replay, KV-event and router tests."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -91,3 +92,95 @@ def new_cache(name: str, capacity: int, trace: Sequence[RequestBlocks] = (), **o
             annotate_next_use(trace)
         cache.prepare(trace)
     return cache
+
+
+class KVPublisher:
+    """vLLM's side of KV events: a ZMQ PUB bound on ``endpoint``; [topic, seq, payload]."""
+
+    def __init__(self, endpoint: str, topic: str = "kv") -> None:
+        import zmq
+
+        self.sock = zmq.Context.instance().socket(zmq.PUB)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind(endpoint)
+        self.topic = topic
+        self.seq = 0
+
+    def send(self, events: Sequence[Any], *, positional: bool = False, seq: int | None = None):
+        from skv.vllm.kv_events import encode_events
+
+        if seq is not None:
+            self.seq = seq
+        payload = encode_events(events, positional=positional)
+        self.sock.send_multipart([self.topic.encode(), self.seq.to_bytes(8, "big"), payload])
+        self.seq += 1
+
+    def close(self) -> None:
+        self.sock.close(0)
+
+
+_WORDS = (
+    "cache",
+    "block",
+    "token",
+    "prefix",
+    "engine",
+    "segment",
+    "tool",
+    "system",
+    "prompt",
+    "query",
+    "answer",
+    "memory",
+    "eviction",
+    "policy",
+    "request",
+    "tenant",
+    "document",
+    "code",
+    "function",
+    "value",
+    "key",
+    "attention",
+    "layer",
+    "head",
+    "batch",
+    "stream",
+)
+
+
+def words(n_words: int, seed: int) -> str:
+    """Reproducible filler: ``n_words`` words (about 2.5 tokens each with the tiny tokenizer)."""
+    import random
+
+    rng = random.Random(seed)
+    return " ".join(rng.choice(_WORDS) for _ in range(n_words))
+
+
+@contextmanager
+def serve_app(app: Any) -> Iterator[str]:
+    """Run an ASGI ``app`` under uvicorn on 127.0.0.1 (a free port) in a thread; yields its URL."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    th = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    th.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        th.join(timeout=5)
+        sock.close()

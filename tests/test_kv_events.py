@@ -7,6 +7,7 @@ import time
 
 import msgpack
 import pytest
+from helpers import KVPublisher
 
 from skv.vllm.kv_events import (
     AllBlocksCleared,
@@ -16,6 +17,7 @@ from skv.vllm.kv_events import (
     KVEventSubscriber,
     KVIndex,
     UnknownEvent,
+    content_keys,
     decode_batch,
     decode_events,
     encode_events,
@@ -151,34 +153,70 @@ def test_index_medium_filter():
     idx.apply(0, BlockStored((1,), None, (), 32, medium="CPU"))
     idx.apply(0, BlockStored((2,), None, (), 32, medium="GPU"))
     idx.apply(0, BlockStored((3,), None, (), 32))
-    assert idx.state(0).blocks == {2, 3}
+    assert set(idx.state(0).blocks) == {2, 3}
+
+
+def _toks(n_blocks: int, seed: int, bs: int = 4) -> tuple[int, ...]:
+    return tuple(seed * 1000 + i for i in range(n_blocks * bs))
+
+
+def test_content_keys_chain_full_blocks_only():
+    t = list(range(10))
+    keys = content_keys(t, 4)
+    assert len(keys) == 2  # 10 tokens = 2 full blocks + a partial one without a key
+    assert keys == content_keys(t[:8], 4)
+    assert content_keys([9, 9, 9, 9, *t[4:8]], 4)[1] != keys[1]  # a key depends on its prefix
+    assert content_keys(t[4:8], 4, parent=keys[0]) == keys[1:]  # chaining = one long call
+
+
+def test_token_overlap_matches_prompts_by_content_through_parent_hashes():
+    idx = KVIndex()
+    a = _toks(3, 1)
+    # one request stored in two events (first two blocks, then the third under its parent)
+    idx.apply("r0", BlockStored((b"h1", b"h2"), None, a[:8], 4))
+    idx.apply("r0", BlockStored((b"h3",), b"h2", a[8:], 4))
+    idx.apply("r1", BlockStored((b"x1",), None, a[:4], 4))  # other hashes, same content
+    assert idx.token_overlaps([*a, 7, 7]) == {"r0": 3, "r1": 1}
+    assert idx.token_overlap("r0", _toks(3, 2)) == 0
+    other_tail = [*a[:8], 5, 5, 5, 5]
+    assert idx.token_overlap("r0", other_tail) == 2
+    idx.apply("r0", BlockRemoved((b"h2",)))  # a hole: the prefix match stops there
+    assert idx.token_overlap("r0", a) == 1
+    idx.apply("r0", AllBlocksCleared())
+    assert idx.token_overlap("r0", a) == 0 and idx.state("r0").content == {}
+
+
+def test_token_overlap_counts_shared_content_once_per_holder():
+    idx = KVIndex()
+    a = _toks(1, 3)
+    idx.apply(0, BlockStored((1,), None, a, 4))
+    idx.apply(0, BlockStored((2,), None, a, 4))  # same tokens under another hash (another salt)
+    idx.apply(0, BlockRemoved((1,)))
+    assert idx.token_overlap(0, a) == 1  # still held under hash 2
+    idx.apply(0, BlockRemoved((2,)))
+    assert idx.token_overlap(0, a) == 0
+
+
+def test_blocks_without_a_known_parent_are_unchained():
+    idx = KVIndex()
+    idx.apply(0, BlockStored((5,), 4, _toks(1, 1), 4))  # parent 4 stored before we listened
+    idx.apply(0, BlockStored((6,), None, (), 4))  # no token ids in the event
+    st = idx.state(0)
+    assert st.unchained_blocks == 2 and len(st.blocks) == 2 and st.content == {}
+    assert idx.prefix_overlap(0, [5]) == 1  # hash queries still work
+
+
+def test_token_overlap_needs_a_block_size():
+    idx = KVIndex()
+    idx.state("r0")  # known replica, no events yet
+    assert idx.token_overlaps(_toks(2, 1)) == {"r0": 0}
+    assert KVIndex(block_size=4).replica_block_size("r0") == 4
 
 
 # ---------------------------------------------------------------------- over ZMQ
 
 
-class Publisher:
-    """vLLM's side: PUB bound on the endpoint, multipart [topic, seq, payload]."""
-
-    def __init__(self, endpoint: str, topic: str = "kv") -> None:
-        self.sock = zmq.Context.instance().socket(zmq.PUB)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.bind(endpoint)
-        self.topic = topic
-        self.seq = 0
-
-    def send(self, events, *, positional=False, seq=None) -> None:
-        if seq is not None:
-            self.seq = seq
-        payload = encode_events(events, positional=positional)
-        self.sock.send_multipart([self.topic.encode(), self.seq.to_bytes(8, "big"), payload])
-        self.seq += 1
-
-    def close(self) -> None:
-        self.sock.close(0)
-
-
-def _connected(pub: Publisher, sub: KVEventSubscriber) -> None:
+def _connected(pub: KVPublisher, sub: KVEventSubscriber) -> None:
     """Send probes until the subscription has reached the publisher (slow joiner)."""
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
@@ -204,7 +242,7 @@ def endpoint(tmp_path):
 
 @pytest.mark.parametrize("threaded", [False, True], ids=["poll", "thread"])
 def test_subscriber_feeds_the_index_and_detects_seq_gaps(endpoint, threaded):
-    pub = Publisher(endpoint)
+    pub = KVPublisher(endpoint)
     idx = KVIndex()
     calls = []
     sub = KVEventSubscriber(
@@ -220,7 +258,7 @@ def test_subscriber_feeds_the_index_and_detects_seq_gaps(endpoint, threaded):
         pub.send([BlockRemoved((1,), medium="GPU")])
         assert _until(sub, lambda: idx.state("r0").removals == 1)
         st = idx.state("r0")
-        assert st.blocks == {2, 3}
+        assert set(st.blocks) == {2, 3}
         assert (st.stores, st.stored_blocks, st.removals, st.removed_blocks) == (2, 3, 1, 1)
         assert idx.prefix_overlap("r0", [1, 2]) == 0 and idx.overlap([2, 3]) == {"r0": 2}
         assert sub.gaps == [] and sub.missed == 0
@@ -238,7 +276,7 @@ def test_subscriber_feeds_the_index_and_detects_seq_gaps(endpoint, threaded):
 
 
 def test_subscriber_ignores_other_topics_and_bad_payloads(endpoint):
-    pub = Publisher(endpoint, topic="kv")
+    pub = KVPublisher(endpoint, topic="kv")
     sub = KVEventSubscriber(endpoint, "kv")
     try:
         _connected(pub, sub)

@@ -9,10 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -20,6 +17,8 @@ import pytest
 
 pytest.importorskip("fastapi")
 uvicorn = pytest.importorskip("uvicorn")
+
+from helpers import serve_app  # noqa: E402
 
 from skv.services import mock_backend, proxy, router, sim_api  # noqa: E402
 from skv.traces import load_trace  # noqa: E402
@@ -29,29 +28,6 @@ MSGS = [
     {"role": "system", "content": SYSTEM},
     {"role": "user", "content": "CONTEXT: shared document about refunds.\n\nUSER: summarize it"},
 ]
-
-
-@contextmanager
-def serve(app) -> Iterator[str]:
-    """Run ``app`` under uvicorn on 127.0.0.1 (free port) in a thread; yields the base URL."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    th = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    th.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if time.monotonic() > deadline:
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        th.join(timeout=5)
-        sock.close()
 
 
 def free_port() -> int:
@@ -103,9 +79,9 @@ def _proxy(tmp_path: Path, upstream: str, timeout: float = 5.0, name: str = "t")
 
 def test_proxy_streams_through_real_server_and_records(tmp_path):
     backend = mock_backend.create_app(mock_backend.MockConfig(time_scale=0.2, itl_ms=2))
-    with serve(backend) as up:
+    with serve_app(backend) as up:
         app, trace = _proxy(tmp_path, up)
-        with serve(app) as px, httpx.Client(base_url=px, timeout=10) as c:
+        with serve_app(app) as px, httpx.Client(base_url=px, timeout=10) as c:
             hdr = {"X-Session-ID": "s1", "X-Tenant-ID": "t1"}
             r = c.post("/v1/chat/completions", json={"messages": MSGS}, headers=hdr)
             assert r.status_code == 200
@@ -144,9 +120,9 @@ def test_proxy_streams_through_real_server_and_records(tmp_path):
 def test_proxy_faults_give_clear_errors_and_records(tmp_path):
     engine_app = mock_backend.create_app(mock_backend.MockConfig())
     faults = engine_app.state.engine.faults
-    with serve(engine_app) as up:
+    with serve_app(engine_app) as up:
         app, trace = _proxy(tmp_path, up, timeout=0.5)
-        with serve(app) as px, httpx.Client(base_url=px, timeout=10) as c:
+        with serve_app(app) as px, httpx.Client(base_url=px, timeout=10) as c:
             body = {"messages": MSGS}
             faults.update({"delay_s": 2.0})
             r = c.post("/v1/chat/completions", json=body)
@@ -241,6 +217,106 @@ def test_router_locality_keeps_prefixes_together(tmp_path, policy):
         assert hits > 0
 
     asyncio.run(go())
+
+
+def _precise_router(tmp_path, urls, mounts, endpoints):
+    cfg = router.RouterConfig(
+        replicas=urls, policy="precise", routing_output_dir=tmp_path, kv_events=endpoints,
+        kv_events_topic="kv",
+    )  # fmt: skip
+    return router.create_app(cfg, mounts=mounts)
+
+
+def _wait(pred, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def test_router_precise_follows_kv_events(tmp_path):
+    from helpers import KVPublisher
+
+    from skv.vllm.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+
+    endpoints = [f"ipc://{tmp_path}/r{i}.sock" for i in range(2)]
+    pubs = [KVPublisher(e) for e in endpoints]
+    apps, urls, mounts = _replicas(2)
+    app = _precise_router(tmp_path, urls, mounts, endpoints)
+    index = app.state.router.index
+    ids: list[int] = []
+    bs = 4
+
+    def publish(i: int, events) -> None:
+        before = index.state(i).stores + index.state(i).removals
+        pubs[i].send(events)
+        _wait(lambda: index.state(i).stores + index.state(i).removals > before, "events")
+
+    async def go():
+        for i, pub in enumerate(pubs):  # the slow joiner: probe until each subscription is up
+            _wait(lambda i=i, pub=pub: pub.send([AllBlocksCleared()]) or index.state(i).clears,
+                  f"subscriber {i}")  # fmt: skip
+        async with asgi(apps[1]) as r1:  # the tokens replica 1's engine would see
+            tok = (await r1.post("/tokenize", json={"messages": _msgs(0)})).json()
+        ids.extend(tok["tokens"])
+        async with asgi(app) as c:
+            assert tok["count"] == len(ids) > 3 * bs
+            # replica 1's engine reports the first three blocks of this prompt as stored
+            publish(1, [BlockStored((b"a", b"b"), None, tuple(ids[: 2 * bs]), bs)])
+            publish(1, [BlockStored((b"c",), b"b", tuple(ids[2 * bs : 3 * bs]), bs)])
+            r = await c.post("/v1/chat/completions", json={"messages": _msgs(0)})
+            assert r.status_code == 200
+            other = [{"role": "user", "content": "Unrelated question about invoices."}]
+            r = await c.post("/v1/chat/completions", json={"messages": other})  # no match
+            publish(1, [BlockRemoved((b"b",))])  # a hole after the first block
+            r = await c.post("/v1/chat/completions", json={"messages": _msgs(0)})
+            # a token-id completion prompt needs no /tokenize
+            publish(0, [BlockStored((7,), None, (1, 2, 3, 4), bs)])
+            r = await c.post("/v1/completions", json={"prompt": [1, 2, 3, 4, 5], "max_tokens": 2})
+            assert r.status_code == 200
+            st = (await c.get("/router/state")).json()
+        for sub in app.state.kv_subscribers:
+            sub.close()
+        return st
+
+    try:
+        st = asyncio.run(go())
+    finally:
+        for pub in pubs:
+            pub.close()
+    log = [json.loads(x) for x in next(tmp_path.glob("routing-*.jsonl")).read_text().splitlines()]
+    assert [d["chosen"] for d in log] == [1, 0, 1, 0]
+    assert [d["scores"] for d in log] == [[0, 3], [0, 0], [0, 1], [1, 0]]
+    assert log[0]["engine_tokens"] == len(ids) and "tokenize_error" not in log[0]
+    assert log[1]["reason"] == "precise: no match, least loaded"
+    assert log[3]["engine_tokens"] == 5
+    assert st["replicas"][1]["kv_events"]["removed_blocks"] == 1
+
+
+def test_router_precise_needs_an_endpoint_per_replica():
+    with pytest.raises(ValueError, match="one KV-event endpoint per replica"):
+        router.RouterConfig(replicas=["http://a", "http://b"], policy="precise", kv_events=["x"])
+
+
+def test_router_precise_tokenizes_on_a_live_replica(tmp_path):
+    """A replica that refuses connections is skipped for /tokenize (and for the request)."""
+    _apps, urls, mounts = _replicas(1)
+    dead = f"http://127.0.0.1:{free_port()}"
+    endpoints = [f"ipc://{tmp_path}/r{i}.sock" for i in range(2)]
+    app = _precise_router(tmp_path, [dead, *urls], mounts, endpoints)
+
+    async def go():
+        async with asgi(app) as c:
+            r = await c.post("/v1/chat/completions", json={"messages": _msgs(2)})
+            assert r.status_code == 200
+        for sub in app.state.kv_subscribers:
+            sub.close()
+
+    asyncio.run(go())
+    (d,) = [json.loads(x) for x in next(tmp_path.glob("routing-*.jsonl")).read_text().splitlines()]
+    assert d["chosen"] == 1 and d["engine_tokens"] > 0 and "tokenize_error" not in d
+    assert d["attempts"][0]["error"] == "connect"
 
 
 def test_router_fails_over(tmp_path):

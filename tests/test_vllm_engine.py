@@ -12,16 +12,15 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import subprocess
 import time
 
 import pytest
+from helpers import words as text
 
 from skv.model import Request, Segment, SemanticType
 from skv.replay import compile_trace, replay_trace
 from skv.traces import load_trace
 from skv.traces.native import write_skv_trace
-from skv.vllm import tiny_model as tiny_model_module
 from skv.vllm.client import StreamingClient, replay, summarize
 from skv.vllm.hashreplay import (
     HashReplayConfig,
@@ -32,7 +31,7 @@ from skv.vllm.hashreplay import (
 )
 from skv.vllm.kv_events import BlockRemoved, BlockStored, KVEventSubscriber, KVIndex
 from skv.vllm.metrics import parse_prometheus, scrape, scrape_prefix_cache
-from skv.vllm.server import ENGINE_ENV, VllmServer, find_engine_python, setup_hint
+from skv.vllm.server import VllmServer
 
 pytestmark = pytest.mark.vllm
 
@@ -40,68 +39,12 @@ BLOCK = 32  # tokens per KV block; vLLM's CPU attention takes multiples of 32
 BLOCKS = 128  # --num-gpu-blocks-override: 4096 tokens, two max-length prompts
 MAX_TOKENS = 8
 
-_WORDS = [
-    "cache",
-    "block",
-    "token",
-    "prefix",
-    "engine",
-    "segment",
-    "tool",
-    "system",
-    "prompt",
-    "query",
-    "answer",
-    "memory",
-    "eviction",
-    "policy",
-    "request",
-    "tenant",
-    "document",
-    "code",
-    "function",
-    "value",
-    "key",
-    "attention",
-    "layer",
-    "head",
-    "batch",
-    "stream",
-]
-
-
-def text(n_words: int, seed: int) -> str:
-    """Reproducible filler: ``n_words`` words (about 2.5 tokens each with the tiny tokenizer)."""
-    rng = random.Random(seed)
-    return " ".join(rng.choice(_WORDS) for _ in range(n_words))
-
 
 def run(coro):
     return asyncio.run(coro)
 
 
 # ---------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(scope="module")
-def engine_python():
-    py = find_engine_python()
-    if py is None:
-        pytest.skip(f"vLLM engine venv absent: {setup_hint()}")
-    return py
-
-
-@pytest.fixture(scope="module")
-def tiny_model(engine_python, tmp_path_factory):
-    out = tmp_path_factory.mktemp("tiny-llama")
-    script = tiny_model_module.__file__
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    env.update(ENGINE_ENV)
-    proc = subprocess.run(
-        [str(engine_python), script, str(out)], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return out
 
 
 @pytest.fixture(scope="module")

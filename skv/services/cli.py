@@ -69,6 +69,12 @@ def register(sub: Any) -> None:
     p.add_argument("--policy", choices=POLICIES, default=None, help="SKV_ROUTING_POLICY")
     p.add_argument("--routing-dir", default=None, help="decision log dir (outputs/routing)")
     p.add_argument("--timeout", type=float, default=None)
+    p.add_argument(
+        "--kv-events",
+        default=None,
+        help="precise: comma-separated KV-event ZMQ endpoints, one per replica (SKV_KV_EVENTS)",
+    )
+    p.add_argument("--kv-events-topic", default=None, help="SKV_KV_EVENTS_TOPIC (kv-events)")
     p.set_defaults(func=cmd_router)
 
     p = sub.add_parser("sim-api", help="simulation API: POST /v1/simulate/request")
@@ -83,7 +89,8 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--replicas", type=int, default=3)
     p.add_argument("--requests", type=int, default=120)
-    p.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
+    simulated = [name for name in POLICIES if name != "precise"]  # needs engines' KV events
+    p.add_argument("--policies", nargs="+", choices=simulated, default=simulated)
     p.add_argument("--replica-cache-tokens", type=int, default=12_000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--routing-dir", default=None, help="also log decisions there")
@@ -132,6 +139,10 @@ def cmd_router(args: argparse.Namespace) -> int:
         os.environ["SKV_ROUTING_OUTPUT_DIR"] = args.routing_dir
     if args.timeout is not None:
         os.environ["SKV_ROUTER_TIMEOUT_SECONDS"] = str(args.timeout)
+    if args.kv_events:
+        os.environ["SKV_KV_EVENTS"] = args.kv_events
+    if args.kv_events_topic:
+        os.environ["SKV_KV_EVENTS_TOPIC"] = args.kv_events_topic
     cfg = RouterConfig.from_env()
     print(f"router ({cfg.policy}) over {', '.join(cfg.replicas)}")
     return _uvicorn_run(create_app(cfg), args.host, args.port)

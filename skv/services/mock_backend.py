@@ -307,6 +307,28 @@ def create_app(config: MockConfig | None = None, faults: Faults | None = None) -
 
         return StreamingResponse(stream(), media_type="text/event-stream")
 
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> Response:
+        """vLLM's ``/tokenize``: the prompt's token ids under skv's tokenizer (the segment texts
+        in prompt order; no chat template), so a ``precise`` router can be tested on the mock."""
+        body = await json_object_body(request)
+        if isinstance(body, Response):
+            return body
+        messages = body.get("messages")
+        if messages is None and isinstance(body.get("prompt"), str):
+            messages = [{"role": "user", "content": body["prompt"]}]
+        if not isinstance(messages, list):
+            return openai_error(
+                400, "need 'messages' or a string 'prompt'", "invalid_request_error"
+            )
+        try:
+            pieces = engine.segmenter.pieces(messages, body.get("tools"))
+        except ValueError as exc:
+            return openai_error(400, str(exc), "invalid_request_error")
+        encode = engine.segmenter.tokenizer.encode
+        tokens = [t for _stype, text in pieces for t in encode(text)]
+        return JSONResponse({"count": len(tokens), "max_model_len": None, "tokens": tokens})
+
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await serve(request, chat=True)

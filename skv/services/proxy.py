@@ -19,7 +19,12 @@ Headers: ``X-Session-ID`` / ``X-Tenant-ID`` go to the record's ``session_id`` / 
 ``X-Request-ID`` names the record (else a fresh id). Records of one session are linked through
 ``parent_id``. ``observed_cached_tokens`` comes from ``usage.prompt_tokens_details`` (streams:
 the proxy asks for ``stream_options.include_usage`` and strips that chunk again when the client
-did not ask for it). ``extra`` holds ``total_latency_ms``, ``status``, ``endpoint``, ``stream``.
+did not ask for it). Segments count tokens with skv's tokenizer (``SKV_TOKENIZER``; point it at the
+model's ``tokenizer.json`` to count like the engine); when the engine's ``prompt_tokens`` differs
+(another tokenizer, chat-template tokens), ``observed_cached_tokens`` is the engine's hit carried
+over as the same fraction of the prompt, and ``extra`` keeps the engine's own
+``engine_prompt_tokens`` / ``engine_cached_tokens``. ``extra`` also holds ``total_latency_ms``,
+``status``, ``endpoint``, ``stream``.
 
 Failures: see :mod:`skv.services._common` (502 connect/5xx, 504 timeout, SSE error event for a
 dropped stream). A failed request is still recorded, with ``extra.error = {kind, message,
@@ -115,7 +120,8 @@ class TraceWriter:
                 ),
                 "timing": "observed_ttft_ms: proxy-measured time to the first content token "
                 "(non-streaming: to the whole answer); extra.total_latency_ms: to the last byte",
-                "cached_tokens": "as reported by the upstream (usage.prompt_tokens_details)",
+                "cached_tokens": "the upstream's usage.prompt_tokens_details.cached_tokens, as a "
+                "fraction of its prompt_tokens applied to this record's prompt (raw: extra)",
                 **cfg.meta,
             },
         }
@@ -144,7 +150,14 @@ class TraceWriter:
         if not isinstance(out_tokens, int):
             out_tokens = self.segmenter.tokenizer.count(answer) if answer else 0
         cached = outcome.cached_tokens
+        engine_prompt = usage.get("prompt_tokens")
+        if not isinstance(engine_prompt, int) or engine_prompt <= 0:
+            engine_prompt = None
         if cached is not None:
+            # the record counts skv tokenizer tokens; the engine counts its own (and its chat
+            # template's): carry its hit over as the same FRACTION of the prompt
+            if engine_prompt is not None and engine_prompt != prompt:
+                cached = round(cached * prompt / engine_prompt)
             cached = max(0, min(cached, prompt))
         extra: dict[str, Any] = {
             "endpoint": endpoint,
@@ -157,8 +170,10 @@ class TraceWriter:
             extra["upstream_status"] = outcome.upstream_status
         if outcome.upstream:
             extra["upstream"] = outcome.upstream
-        if isinstance(usage.get("prompt_tokens"), int) and usage["prompt_tokens"] != prompt:
-            extra["engine_prompt_tokens"] = usage["prompt_tokens"]
+        if engine_prompt is not None and engine_prompt != prompt:
+            extra["engine_prompt_tokens"] = engine_prompt
+            if outcome.cached_tokens is not None:
+                extra["engine_cached_tokens"] = outcome.cached_tokens
         if outcome.error_kind is not None:
             extra["error"] = {
                 "kind": outcome.error_kind,

@@ -14,8 +14,17 @@ Policies (``SKV_ROUTING_POLICY``):
   weighted by semantic type (``SEMANTIC_WEIGHTS``: system prompts, tool schemas and templates
   count most, one-off user text least).
 
-Both locality policies give up locality when the chosen replica has ``max_imbalance`` more
-requests in flight than the least loaded one (then: least loaded).
+- ``precise``: the replica whose engine REPORTS (KV-cache events, ``SKV_KV_EVENTS``: one ZMQ
+  endpoint per replica, same order) the longest cached prefix of the request's real tokens, in
+  full engine blocks (llm-d's precise prefix scorer; its score ``matched / total`` orders replicas
+  the same way). The router gets the token ids from a replica's ``/tokenize`` (vLLM's endpoint;
+  the request's chat options are passed on so the chat template matches), or takes them as sent
+  when a completion prompt is token ids. That costs one extra local round trip per request and
+  knows nothing of requests still in prefill (their blocks are reported when they are stored).
+  See :mod:`skv.vllm.kv_events` for how engine blocks are matched by content.
+
+The locality policies (``precise`` included) give up locality when the chosen replica has
+``max_imbalance`` more requests in flight than the least loaded one (then: least loaded).
 
 Failover: a connection error, timeout or 5xx *before any byte reached the client* makes the
 router try the next candidate (every replica at most once); a replica that failed is tried last
@@ -24,7 +33,9 @@ for ``cooldown_s``. Every decision is one JSONL line in ``SKV_ROUTING_OUTPUT_DIR
 
 Env: ``SKV_REPLICAS`` (comma-separated base URLs), ``SKV_ROUTING_POLICY`` (default
 ``round_robin``), ``SKV_ROUTING_OUTPUT_DIR``, ``SKV_ROUTER_TIMEOUT_SECONDS`` (default 120),
-``SKV_ROUTER_CACHE_TOKENS`` (approximate cache per replica, default 50000).
+``SKV_ROUTER_CACHE_TOKENS`` (approximate cache per replica, default 50000), ``SKV_KV_EVENTS``
+(``precise``: comma-separated ZMQ endpoints, e.g. ``ipc:///tmp/r0.sock``), ``SKV_KV_EVENTS_TOPIC``
+(default ``kv-events``), ``SKV_KV_BLOCK_SIZE`` (block size until the events report it).
 """
 
 from __future__ import annotations
@@ -44,7 +55,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from skv.blocks import DEFAULT_BLOCK_SIZE, RequestBlocks, request_blocks
-from skv.model import TYPES, SemanticType
+from skv.model import TYPES, Segment, SemanticType, content_hash
 from skv.model import Request as SkvRequest
 from skv.segmenter import Segmenter
 
@@ -66,7 +77,8 @@ from .proxy import segment_body
 
 log = logging.getLogger(__name__)
 
-POLICIES = ("round_robin", "least_loaded", "prefix_locality", "semantic_locality")
+POLICIES = ("round_robin", "least_loaded", "prefix_locality", "semantic_locality", "precise")
+LOCALITY = ("prefix_locality", "semantic_locality", "precise")
 DEFAULT_ROUTING_DIR = Path("outputs") / "routing"
 
 T = SemanticType
@@ -99,6 +111,9 @@ class RouterConfig:
     cooldown_s: float = 2.0
     tokenizer: str | None = None
     weights: dict[SemanticType, float] = field(default_factory=lambda: dict(SEMANTIC_WEIGHTS))
+    kv_events: list[str] = field(default_factory=list)  # precise: one endpoint per replica
+    kv_events_topic: str = "kv-events"
+    kv_block_size: int | None = None  # precise: until the events report the engine's
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -108,6 +123,12 @@ class RouterConfig:
         self.replicas = [r.strip().rstrip("/") for r in self.replicas if r.strip()]
         if not self.replicas:
             raise ValueError("no replicas (set SKV_REPLICAS=http://127.0.0.1:8101,...)")
+        self.kv_events = [e.strip() for e in self.kv_events if e.strip()]
+        if self.policy == "precise" and len(self.kv_events) != len(self.replicas):
+            raise ValueError(
+                f"policy precise needs one KV-event endpoint per replica (SKV_KV_EVENTS): "
+                f"{len(self.kv_events)} endpoints for {len(self.replicas)} replicas"
+            )
 
     @classmethod
     def from_env(cls) -> RouterConfig:
@@ -119,6 +140,9 @@ class RouterConfig:
             timeout_s=env_float("SKV_ROUTER_TIMEOUT_SECONDS", 120.0),
             cache_tokens=int(env_float("SKV_ROUTER_CACHE_TOKENS", 50_000)),
             tokenizer=env_str("SKV_TOKENIZER"),
+            kv_events=(env_str("SKV_KV_EVENTS", "") or "").split(","),
+            kv_events_topic=env_str("SKV_KV_EVENTS_TOPIC", "kv-events") or "kv-events",
+            kv_block_size=int(env_float("SKV_KV_BLOCK_SIZE", 0)) or None,
         )
 
 
@@ -127,8 +151,11 @@ class RouterState:
 
     def __init__(self, cfg: RouterConfig) -> None:
         from skv.policies.registry import make_cache
+        from skv.vllm.kv_events import KVIndex
 
         self.cfg = cfg
+        #: precise: what each replica's engine reports (fed by KV-event subscribers)
+        self.index = KVIndex(block_size=cfg.kv_block_size) if cfg.policy == "precise" else None
         n = len(cfg.replicas)
         self.in_flight = [0] * n
         self.routed = [0] * n
@@ -162,8 +189,24 @@ class RouterState:
                 out.append(float(hit))
         return out
 
-    def candidates(self, rb: RequestBlocks) -> tuple[list[int], list[float] | None, str]:
-        """Replicas in the order to try them, the scores used, and why the first was chosen."""
+    def healthy_first(self) -> list[int]:
+        """Replica indices, those not cooling down after a failure first."""
+        now = time.monotonic()
+        return sorted(range(len(self.cfg.replicas)), key=lambda i: self.down_until[i] > now)
+
+    def precise_scores(self, tokens: list[int] | None) -> list[float]:
+        """Per replica: leading full blocks of ``tokens`` its engine reports as cached."""
+        assert self.index is not None
+        if not tokens:
+            return [0.0] * len(self.cfg.replicas)
+        held = self.index.token_overlaps(tokens)
+        return [float(held.get(i, 0)) for i in range(len(self.cfg.replicas))]
+
+    def candidates(
+        self, rb: RequestBlocks, tokens: list[int] | None = None
+    ) -> tuple[list[int], list[float] | None, str]:
+        """Replicas in the order to try them, the scores used, and why the first was chosen.
+        ``tokens``: the prompt's engine token ids (``precise`` only)."""
         with self._lock:
             n = len(self.cfg.replicas)
             now = time.monotonic()
@@ -180,7 +223,7 @@ class RouterState:
             elif policy == "least_loaded":
                 order = sorted(range(n), key=lambda i: (load[i], self.routed[i], i))
             else:
-                scores = self.scores(rb)
+                scores = self.precise_scores(tokens) if policy == "precise" else self.scores(rb)
                 order = sorted(range(n), key=lambda i: (-scores[i], load[i], self.routed[i], i))
                 least = min(range(n), key=lambda i: (load[i], self.routed[i], i))
                 if load[order[0]] - load[least] > self.cfg.max_imbalance:
@@ -201,7 +244,7 @@ class RouterState:
             self.in_flight[i] = max(0, self.in_flight[i] - 1)
             if ok:
                 self.routed[i] += 1
-                if rb is not None and rb.keys:
+                if rb is not None and rb.keys and self.index is None:
                     self._clock += 1
                     self.caches[i].access(rb, float(self._clock))
             else:
@@ -209,19 +252,83 @@ class RouterState:
                 self.down_until[i] = time.monotonic() + self.cfg.cooldown_s
 
     def snapshot(self) -> dict[str, Any]:
-        return {
-            "policy": self.cfg.policy,
-            "replicas": [
-                {
-                    "url": url,
-                    "in_flight": self.in_flight[i],
-                    "routed": self.routed[i],
-                    "failures": self.failures[i],
-                    "approx_cached_blocks": len(self.caches[i]),
-                }
-                for i, url in enumerate(self.cfg.replicas)
-            ],
-        }
+        reps = []
+        for i, url in enumerate(self.cfg.replicas):
+            rep: dict[str, Any] = {
+                "url": url,
+                "in_flight": self.in_flight[i],
+                "routed": self.routed[i],
+                "failures": self.failures[i],
+            }
+            if self.index is None:
+                rep["approx_cached_blocks"] = len(self.caches[i])
+            else:
+                rep["kv_events"] = self.index.state(i).stats()
+            reps.append(rep)
+        return {"policy": self.cfg.policy, "replicas": reps}
+
+
+#: chat options that change how /tokenize renders the prompt (vLLM's TokenizeChatRequest)
+_CHAT_TOKENIZE_KEYS = ("messages", "tools", "add_generation_prompt", "continue_final_message",
+                       "add_special_tokens", "chat_template", "chat_template_kwargs")  # fmt: skip
+
+
+def token_prompt(body: dict[str, Any]) -> list[int] | None:
+    """A completion prompt given as token ids (``[1, 2]`` or ``[[1, 2]]``: the first), else None."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
+        prompt = prompt[0]
+    if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+        return prompt
+    return None
+
+
+def tokenize_request(body: dict[str, Any], chat: bool) -> dict[str, Any] | None:
+    """The ``/tokenize`` body giving the engine's token ids for this request (None: cannot)."""
+    out: dict[str, Any] = {"model": body["model"]} if "model" in body else {}
+    if chat:
+        out.update({k: body[k] for k in _CHAT_TOKENIZE_KEYS if k in body})
+        return out
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        prompt = prompt[0]  # a batch: route on its first prompt
+    if not isinstance(prompt, str):
+        return None
+    out["prompt"] = prompt
+    out["add_special_tokens"] = body.get("add_special_tokens", True)
+    return out
+
+
+async def engine_tokens(
+    client: httpx.AsyncClient, urls: list[str], body: dict[str, Any], chat: bool
+) -> tuple[list[int] | None, str | None]:
+    """The prompt's token ids from the first replica whose ``/tokenize`` answers; or the reason
+    there are none."""
+    if not chat and (ids := token_prompt(body)) is not None:
+        return ids, None
+    req = tokenize_request(body, chat)
+    if req is None:
+        return None, "prompt is neither text nor token ids"
+    why = "no replica"
+    for url in urls:
+        try:
+            resp = await client.post(url + "/tokenize", json=req)
+        except httpx.HTTPError as exc:
+            why = f"{url}/tokenize: {type(exc).__name__}"
+            continue
+        if resp.status_code != 200:
+            why = f"{url}/tokenize: HTTP {resp.status_code}"
+            continue
+        tokens = resp.json().get("tokens")
+        if isinstance(tokens, list):
+            return tokens, None
+        why = f"{url}/tokenize: no 'tokens' in the answer"
+    return None, why
+
+
+def token_segments(tokens: list[int]) -> list[Any]:
+    """A token-id prompt as one opaque segment (the router cannot type its content)."""
+    return [Segment(SemanticType.UNKNOWN, len(tokens), content_hash=content_hash(tokens))]
 
 
 def create_app(
@@ -242,10 +349,13 @@ def create_app(
     client = httpx.AsyncClient(
         timeout=httpx.Timeout(cfg.timeout_s), transport=transport, mounts=dict(mounts or {}) or None
     )
+    subscribers = start_kv_subscribers(cfg, state)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         yield
+        for sub in subscribers:
+            sub.close()
         await client.aclose()
         if log_out is not None:
             log_out.close()
@@ -254,6 +364,7 @@ def create_app(
     app.state.router = state
     app.state.client = client
     app.state.decisions = log_out
+    app.state.kv_subscribers = subscribers
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -268,14 +379,27 @@ def create_app(
         body = await json_object_body(request)
         if isinstance(body, Response):
             return body
+        ids = None if chat else token_prompt(body)
         try:
-            segments = segment_body(segmenter, body, chat)
+            segments = (
+                token_segments(ids) if ids is not None else segment_body(segmenter, body, chat)
+            )
         except ValueError as exc:
             return openai_error(400, f"cannot segment the request: {exc}", "invalid_request_error")
         rid = request.headers.get("x-request-id") or f"req-{uuid.uuid4().hex[:16]}"
         session = request.headers.get("x-session-id")
         rb = state.blocks(segments, session)
-        order, scores, reason = state.candidates(rb)
+        tokens: list[int] | None = None
+        precise: dict[str, Any] = {}
+        if state.index is not None:
+            t0 = time.perf_counter()
+            urls = [cfg.replicas[i] for i in state.healthy_first()]
+            tokens, why = await engine_tokens(client, urls, body, chat)
+            precise = {"engine_tokens": len(tokens) if tokens is not None else None,
+                       "tokenize_ms": round((time.perf_counter() - t0) * 1e3, 3)}  # fmt: skip
+            if why:
+                precise["tokenize_error"] = why
+        order, scores, reason = state.candidates(rb, tokens)
         headers = forward_headers(request.headers)
         attempts: list[dict[str, Any]] = []
         decision: dict[str, Any] = {
@@ -289,6 +413,7 @@ def create_app(
             "prompt_tokens": rb.prompt_tokens,
             "num_blocks": rb.num_blocks,
             "scores": scores,
+            **precise,
             "in_flight": list(state.in_flight),
             "attempts": attempts,
         }
@@ -340,6 +465,22 @@ def create_app(
     add_completion_routes(app, handle)
 
     return app
+
+
+def start_kv_subscribers(cfg: RouterConfig, state: RouterState) -> list[Any]:
+    """``precise``: one background KV-event subscriber per replica, feeding ``state.index``
+    (replica ``i`` is the index's key). They live until the app shuts down (or ``close()``)."""
+    if state.index is None:
+        return []
+    from skv.vllm.kv_events import KVEventSubscriber
+
+    subs = []
+    for i, endpoint in enumerate(cfg.kv_events):
+        state.index.state(i)  # known from the start, even before its first event
+        sub = KVEventSubscriber(endpoint, cfg.kv_events_topic, replica=i, index=state.index)
+        subs.append(sub.start())
+        log.info("replica %d (%s): KV events from %s", i, cfg.replicas[i], endpoint)
+    return subs
 
 
 def __getattr__(name: str) -> Any:  # ``uvicorn skv.services.router:app``

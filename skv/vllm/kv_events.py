@@ -13,10 +13,23 @@ An ``ipc://`` (or ``tcp://*``) endpoint is bound by the publisher, so :class:`KV
 connects. Events sent before the subscription reaches the publisher are lost, and the first
 message seen opens the sequence; a later jump in ``seq`` is recorded as a gap.
 
-:class:`KVIndex` keeps, per replica, the set of block hashes an engine reports as stored, with
+:class:`KVIndex` keeps, per replica, the block hashes an engine reports as stored, with
 counters, and answers prefix-overlap queries (how many leading blocks of a request a replica
-holds): the state a cache-aware router needs. Anything can listen to the decoded events
-(``on_event`` callbacks), so a router can keep its own state too.
+holds): the state a cache-aware router needs. Queries come in two kinds:
+
+* by engine hash (:meth:`KVIndex.prefix_overlap`), for a caller that knows the engine's hashes;
+* by TOKEN IDS (:meth:`KVIndex.token_overlap`), for a router that only sees prompts. vLLM's block
+  hash (sha256 of parent hash, tokens and extra keys, seeded per process) cannot be recomputed
+  outside the engine, so the index re-keys every stored block by *content*: ``key_i =
+  hash((key_{i-1}, tokens of block i))``, chained through ``parent_block_hash`` exactly as the
+  engine chains its hashes. A router tokenizes a prompt (the engine's ``/tokenize``), chains the
+  same keys over its full blocks and counts the leading ones a replica holds. Content keys ignore
+  the engine's extra keys (LoRA, multimodal inputs, ``cache_salt``): they assume one base model
+  and unsalted prompts. A block whose parent the index never saw (stored before the subscription)
+  cannot be chained and is counted in ``unchained_blocks``.
+
+Anything can listen to the decoded events (``on_event`` callbacks), so a router can keep its own
+state too.
 
     index = KVIndex()
     with KVEventSubscriber(srv.kv_events_endpoint, topic="kv-events", replica="r0",
@@ -274,13 +287,32 @@ def encode_events(
 # ---------------------------------------------------------------------- index
 
 
+#: the content key a prompt's first block chains from
+ROOT_KEY = 0
+
+
+def content_keys(token_ids: Sequence[int], block_size: int, parent: int = ROOT_KEY) -> list[int]:
+    """Chained content keys of the FULL blocks of ``token_ids`` (a trailing partial block has
+    none: engines cache full blocks only). Equal keys mean equal token prefixes, up to 64-bit
+    collisions; Python hashes ints and tuples the same in every process."""
+    keys: list[int] = []
+    k = parent
+    for i in range(0, len(token_ids) - block_size + 1, block_size):
+        k = hash((k, tuple(token_ids[i : i + block_size])))
+        keys.append(k)
+    return keys
+
+
 @dataclass
 class ReplicaState:
-    """What one replica reports: stored hashes and event counters."""
+    """What one replica reports: stored hashes (each with its content key) and counters."""
 
-    blocks: set[BlockHash] = field(default_factory=set)
+    blocks: dict[BlockHash, int | None] = field(default_factory=dict)  # hash -> content key
+    content: dict[int, int] = field(default_factory=dict)  # content key -> blocks holding it
+    block_size: int | None = None  # as the events report it
     stores: int = 0  # BlockStored events
     stored_blocks: int = 0  # hashes those events carried
+    unchained_blocks: int = 0  # stored blocks without a content key (parent or tokens unknown)
     removals: int = 0  # BlockRemoved events
     removed_blocks: int = 0
     unknown_removals: int = 0  # removed hashes the index did not hold
@@ -291,25 +323,68 @@ class ReplicaState:
             "blocks": len(self.blocks),
             "stores": self.stores,
             "stored_blocks": self.stored_blocks,
+            "unchained_blocks": self.unchained_blocks,
             "removals": self.removals,
             "removed_blocks": self.removed_blocks,
             "unknown_removals": self.unknown_removals,
             "clears": self.clears,
         }
 
+    def store(self, ev: BlockStored) -> None:
+        self.stores += 1
+        self.stored_blocks += len(ev.block_hashes)
+        if ev.block_size:
+            self.block_size = ev.block_size
+        keys: list[int | None] = []
+        parent = ROOT_KEY if ev.parent_block_hash is None else self.blocks.get(ev.parent_block_hash)
+        if parent is not None and ev.block_size:
+            keys = list(content_keys(ev.token_ids, ev.block_size, parent))
+        if len(keys) != len(ev.block_hashes):  # parent unknown, or tokens missing or partial
+            keys = [None] * len(ev.block_hashes)
+            self.unchained_blocks += len(ev.block_hashes)
+        for h, k in zip(ev.block_hashes, keys, strict=True):
+            self._drop(h)
+            self.blocks[h] = k
+            if k is not None:
+                self.content[k] = self.content.get(k, 0) + 1
+
+    def remove(self, ev: BlockRemoved) -> None:
+        self.removals += 1
+        self.removed_blocks += len(ev.block_hashes)
+        for h in ev.block_hashes:
+            if h not in self.blocks:
+                self.unknown_removals += 1
+            self._drop(h)
+
+    def _drop(self, h: BlockHash) -> None:
+        k = self.blocks.pop(h, None)
+        if k is not None:
+            n = self.content[k] - 1
+            if n:
+                self.content[k] = n
+            else:
+                del self.content[k]
+
+    def clear(self) -> None:
+        self.blocks.clear()
+        self.content.clear()
+
 
 EventCallback = Callable[[Hashable, KVEvent], None]
 
 
 class KVIndex:
-    """Per-replica sets of cached block hashes, fed by KV events; thread-safe.
+    """Per-replica cached blocks, fed by KV events; thread-safe.
 
     ``medium`` (e.g. ``"GPU"``) ignores events that name another medium (events without one
-    always count). ``on_event`` callbacks run after each applied event with (replica, event).
+    always count). ``block_size`` is the token-block size for :meth:`token_overlap` until a
+    replica's events report theirs. ``on_event`` callbacks run after each applied event with
+    (replica, event).
     """
 
-    def __init__(self, *, medium: str | None = None) -> None:
+    def __init__(self, *, medium: str | None = None, block_size: int | None = None) -> None:
         self.medium = medium
+        self.block_size = block_size
         self.replicas: dict[Hashable, ReplicaState] = {}
         self._listeners: list[EventCallback] = []
         self._lock = threading.Lock()
@@ -329,20 +404,12 @@ class KVIndex:
         with self._lock:
             st = self.replicas.setdefault(replica, ReplicaState())
             if isinstance(event, BlockStored):
-                st.stores += 1
-                st.stored_blocks += len(event.block_hashes)
-                st.blocks.update(event.block_hashes)
+                st.store(event)
             elif isinstance(event, BlockRemoved):
-                st.removals += 1
-                st.removed_blocks += len(event.block_hashes)
-                for h in event.block_hashes:
-                    if h in st.blocks:
-                        st.blocks.discard(h)
-                    else:
-                        st.unknown_removals += 1
+                st.remove(event)
             elif isinstance(event, AllBlocksCleared):
                 st.clears += 1
-                st.blocks.clear()
+                st.clear()
         for fn in self._listeners:
             fn(replica, event)
 
@@ -355,7 +422,7 @@ class KVIndex:
         with self._lock:
             for r, st in self.replicas.items():
                 if replica is None or r == replica:
-                    st.blocks.clear()
+                    st.clear()
 
     def contains(self, replica: Hashable, block_hash: BlockHash) -> bool:
         st = self.replicas.get(replica)
@@ -390,6 +457,36 @@ class KVIndex:
     def num_blocks(self, replica: Hashable) -> int:
         st = self.replicas.get(replica)
         return len(st.blocks) if st else 0
+
+    def token_overlap(self, replica: Hashable, token_ids: Sequence[int]) -> int:
+        """How many leading FULL blocks of the prompt ``token_ids`` the replica holds, matched by
+        content (see the module doc)."""
+        return self.token_overlaps(token_ids).get(replica, 0)
+
+    def token_overlaps(self, token_ids: Sequence[int]) -> dict[Hashable, int]:
+        """Leading-block content overlap of the prompt ``token_ids`` on every known replica."""
+        keys_by_size: dict[int, list[int]] = {}
+        out: dict[Hashable, int] = {}
+        with self._lock:
+            for r, st in self.replicas.items():
+                bs = st.block_size or self.block_size
+                if not bs:
+                    out[r] = 0
+                    continue
+                keys = keys_by_size.get(bs)
+                if keys is None:
+                    keys = keys_by_size[bs] = content_keys(token_ids, bs)
+                n = 0
+                for k in keys:
+                    if k not in st.content:
+                        break
+                    n += 1
+                out[r] = n
+        return out
+
+    def replica_block_size(self, replica: Hashable) -> int | None:
+        st = self.replicas.get(replica)
+        return (st.block_size if st else None) or self.block_size
 
     def stats(self) -> dict[Hashable, dict[str, int]]:
         with self._lock:

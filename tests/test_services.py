@@ -319,6 +319,20 @@ def test_router_precise_tokenizes_on_a_live_replica(tmp_path):
     assert d["attempts"][0]["error"] == "connect"
 
 
+def test_router_locality_matches_token_id_prompts_by_block_prefix(tmp_path):
+    """Token-id prompts (hash-id trace replays) share approximate-cache keys block by block."""
+    cfg = router.RouterConfig(replicas=["http://a", "http://b"], policy="prefix_locality",
+                              routing_output_dir=None, block_size=4)  # fmt: skip
+    state = router.RouterState(cfg)
+    head = list(range(100, 112))  # three blocks
+    first = state.blocks(router.token_segments([*head, 1, 2, 3, 4, 5], 4), None)
+    state.finish(1, first, ok=True)
+    other_tail = state.blocks(router.token_segments([*head, 9, 9, 9, 9], 4), None)
+    assert state.scores(other_tail) == [0.0, 3.0]
+    order, _scores, _why = state.candidates(other_tail)
+    assert order[0] == 1
+
+
 def test_router_fails_over(tmp_path):
     async def go():
         apps, urls, mounts = _replicas(2)

@@ -326,9 +326,14 @@ async def engine_tokens(
     return None, why
 
 
-def token_segments(tokens: list[int]) -> list[Any]:
-    """A token-id prompt as one opaque segment (the router cannot type its content)."""
-    return [Segment(SemanticType.UNKNOWN, len(tokens), content_hash=content_hash(tokens))]
+def token_segments(tokens: list[int], block_size: int) -> list[Any]:
+    """A token-id prompt as one opaque segment per block (the router cannot type its content;
+    per-block content hashes keep prompts that share a block prefix sharing keys)."""
+    return [
+        Segment(SemanticType.UNKNOWN, len(chunk), content_hash=content_hash(chunk))
+        for i in range(0, len(tokens), block_size)
+        if (chunk := tokens[i : i + block_size])
+    ]
 
 
 def create_app(
@@ -382,7 +387,9 @@ def create_app(
         ids = None if chat else token_prompt(body)
         try:
             segments = (
-                token_segments(ids) if ids is not None else segment_body(segmenter, body, chat)
+                token_segments(ids, cfg.block_size)
+                if ids is not None
+                else segment_body(segmenter, body, chat)
             )
         except ValueError as exc:
             return openai_error(400, f"cannot segment the request: {exc}", "invalid_request_error")

@@ -6,6 +6,8 @@
   open- or closed-loop :func:`replay`.
 - :mod:`skv.vllm.metrics`: ``/metrics`` scraping and the prefix-cache hit rate.
 - :mod:`skv.vllm.tiny_model`: builds a tiny random-weight Llama (runs in the engine venv).
+- :mod:`skv.vllm.smollm2`: SmolLM2-135M-Instruct from a pinned PyPI GGUF, dequantised (ditto).
+- :mod:`skv.vllm.replaytrace`: any trace against a running server (``skv vllm replay-trace``).
 - :mod:`skv.vllm.cli`: the ``skv vllm`` commands.
 
 Set up the engine venv with ``scripts/setup_vllm.sh`` (``skv vllm setup``).

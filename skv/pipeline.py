@@ -115,6 +115,12 @@ STEPS: dict[str, Step] = {
             _fig("fig_fidelity_vllm"),
             needs_engine=True,
         ),
+        Step(
+            "fig_routing_vllm",
+            "experiments/routing/routing_vllm.yaml",
+            (*_fig("fig_routing_vllm"), "tables/routing_vllm.csv", "tables/routing_vllm.tex"),
+            needs_engine=True,
+        ),
     )
 }
 

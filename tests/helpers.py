@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -157,30 +156,8 @@ def words(n_words: int, seed: int) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(n_words))
 
 
-@contextmanager
-def serve_app(app: Any) -> Iterator[str]:
+def serve_app(app: Any):
     """Run an ASGI ``app`` under uvicorn on 127.0.0.1 (a free port) in a thread; yields its URL."""
-    import socket
-    import threading
-    import time
+    from skv.services._common import serve_in_thread
 
-    import uvicorn
-
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    th = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    th.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if time.monotonic() > deadline:
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        th.join(timeout=5)
-        sock.close()
+    return serve_in_thread(app)

@@ -23,7 +23,7 @@ from helpers import serve_app, words
 from skv.services import proxy, router
 from skv.traces import load_trace
 from skv.vllm.client import StreamingClient
-from skv.vllm.server import VllmServer
+from skv.vllm.server import VllmServer, cpu_share_env
 
 pytestmark = pytest.mark.vllm
 
@@ -42,6 +42,7 @@ def engines(engine_python, tiny_model, tmp_path_factory):
             num_gpu_blocks=256,
             kv_events=True,
             log_path=logs / f"server{i}.log",
+            env=cpu_share_env(i, 2),
             startup_timeout=float(os.environ.get("SKV_VLLM_STARTUP_TIMEOUT", "600")),
         )
         for i in range(2)

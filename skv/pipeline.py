@@ -12,7 +12,9 @@ Where things go (:class:`Layout`): the full run writes figures to ``figures/``, 
 A step is skipped as *cached* when its key (a hash of its notebook, its config, the skv version
 and source, its parameters and the keys of the steps it depends on) matches the last successful
 run and its outputs exist; ``--force`` runs it anyway. A step whose real trace is missing is
-*skipped* with the reason, never run into an empty figure. Independent steps run in parallel.
+*skipped* with the reason, never run into an empty figure. Independent steps run in parallel,
+except steps that measure a real engine (``needs_engine``): they run alone, so no other step
+shares the CPU with their timings.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ class Step:
     config: str
     outputs: tuple[str, ...]
     needs_traces: tuple[str, ...] = ()
-    #: runs a real vLLM engine (skv.vllm): skipped, with the reason, when its venv is absent
+    #: runs a real vLLM engine (skv.vllm): skipped, with the reason, when its venv is absent;
+    #: runs alone (it measures time)
     needs_engine: bool = False
     depends: tuple[str, ...] = ()
     params: dict[str, Any] = field(default_factory=dict)
@@ -385,8 +388,10 @@ def run_pipeline(
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         while pending or running:
             for step in list(pending):
-                if len(running) >= jobs:
+                if len(running) >= jobs or any(r.needs_engine for r in running.values()):
                     break
+                if step.needs_engine and running:
+                    continue  # engine steps measure time: they run alone, after the rest
                 if all(d in results for d in step.depends if d in {s.name for s in steps}):
                     pending.remove(step)
                     running[pool.submit(run_one, step)] = step

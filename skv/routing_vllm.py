@@ -416,11 +416,12 @@ def routing_figure(result: dict[str, Any]):
             edgecolor=line_style(1).get("color"), hatch="//")  # fmt: skip
     ax1.set_xticks(x, names, rotation=25, ha="right", fontsize="x-small")
     ax1.set_ylabel("token hit rate (%)")
-    ax1.legend(fontsize="x-small", loc="upper left")
+    ax1.legend(fontsize="x-small", loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=1,
+               frameon=False)  # fmt: skip
     ax2.bar(x, [r["prefill_tokens"] / 1e3 for r in rows], 0.6, color=line_style(0).get("color"))
     ax2.set_xticks(x, names, rotation=25, ha="right", fontsize="x-small")
-    ax2.set_ylabel("prompt tokens prefilled (k, measured)")
+    ax2.set_ylabel("tokens prefilled (k)")
     cfg = result["config"]
-    ax2.set_title(f"{cfg['replicas']} vLLM CPU engines x {cfg['num_gpu_blocks']} blocks",
-                  fontsize="small")  # fmt: skip
+    ax2.set_title(f"measured: {cfg['replicas']} vLLM CPU engines x {cfg['num_gpu_blocks']} "
+                  "blocks", fontsize="small")  # fmt: skip
     return fig

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import time
 from pathlib import Path
 
 import nbformat
@@ -167,3 +168,33 @@ def test_every_claim_the_paper_cites_is_in_claims_yaml():
     known = {c["id"] for c in load_claims()["claims"]}
     assert cited, "the paper cites no claims"
     assert cited <= known, f"cited but not in experiments/claims.yaml: {sorted(cited - known)}"
+
+
+def test_engine_steps_run_alone(tmp_path, monkeypatch):
+    """Steps that measure a real engine never share the CPU with another step."""
+    spans: dict[str, tuple[float, float]] = {}
+
+    def fake_execute(step, params, layout, root):
+        t0 = time.monotonic()
+        time.sleep(0.05)
+        for rel in step.outputs:
+            out = layout.output(rel)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text("x")
+        spans[step.name] = (t0, time.monotonic())
+
+    monkeypatch.setattr(pipeline, "execute_notebook", fake_execute)
+    monkeypatch.setattr(pipeline, "missing_engine", lambda step: None)
+    monkeypatch.setattr(pipeline, "missing_traces", lambda step: None)
+    names = ["fig_fidelity_vllm", MOONCAKE_STEP, "fig_routing_vllm", "fig_hit_rate_claude_code"]
+    layout = Layout(tmp_path / "f", tmp_path / "t", tmp_path / "b")
+    res = run_pipeline(names, jobs=4, layout=layout, echo=False)
+    assert {r.status for r in res} == {"ran"}
+    engine = [n for n in names if STEPS[n].needs_engine]
+    for e in engine:
+        a0, a1 = spans[e]
+        for other, (b0, b1) in spans.items():
+            if other != e:
+                assert a1 <= b0 or b1 <= a0, (e, other)  # no overlap
+    s0 = [spans[n][0] for n in (MOONCAKE_STEP, "fig_hit_rate_claude_code")]
+    assert abs(s0[0] - s0[1]) < 0.04  # the other two still ran side by side

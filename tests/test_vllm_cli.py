@@ -536,3 +536,83 @@ def test_smollm2_help_names_the_pins(capsys):
         main(["vllm", "smollm2", "--help"])
     out = capsys.readouterr().out
     assert f"{smollm2.PACKAGE}=={smollm2.VERSION}" in out and smollm2.GGUF_REQUIREMENT in out
+
+
+# ---------------------------------------------------------------------- skv vllm serve lifecycle
+
+_FAKE_ENGINE = r"""
+import http.server, os, subprocess, sys
+port = int(sys.argv[sys.argv.index("--port") + 1])
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # an EngineCore
+open(os.environ["FAKE_ENGINE_PIDS"], "w").write(f"{os.getpid()} {child.pid}")
+
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+    def log_message(self, *a):
+        pass
+
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is dead too
+        return f.read().split()[2] != "Z"
+
+
+def test_serve_stops_the_engine_group_on_sigterm_even_as_a_background_job(tmp_path):
+    """``skv vllm serve &`` then ``kill``: SIGINT is ignored in background jobs, SIGTERM must
+    still stop the engine and everything it started (here a fake engine and its child)."""
+    import signal
+    import subprocess
+    import sys
+
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    site = venv / "lib" / "python3.11" / "site-packages" / "vllm"
+    site.mkdir(parents=True)
+    (site / "__init__.py").write_text("")
+    script = tmp_path / "fake_engine.py"
+    script.write_text(_FAKE_ENGINE)
+    py = venv / "bin" / "python"
+    py.write_text(f'#!/bin/sh\nexec {sys.executable} {script} "$@"\n')
+    py.chmod(0o755)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    pids = tmp_path / "pids"
+    entry = "import sys; from skv.cli import main; sys.exit(main(sys.argv[1:]))"
+    cmd = [sys.executable, "-c", entry, "vllm", "serve", "--model", str(model),
+           "--venv", str(venv), "--timeout", "30"]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "FAKE_ENGINE_PIDS": str(pids)},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),  # as `cmd &` does
+    )
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("ready in"):
+                break
+        assert any(x.startswith("ready in") for x in lines), lines
+        engine, child = (int(x) for x in pids.read_text().split())
+        assert _alive(engine) and _alive(child)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert "stopping" in proc.stdout.read()
+        deadline = time.monotonic() + 10
+        while (_alive(engine) or _alive(child)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(engine) and not _alive(child)
+    finally:
+        if proc.poll() is None:
+            proc.kill()

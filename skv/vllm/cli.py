@@ -24,10 +24,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 REPLAY_TRACE_EPILOG = """\
 prompts (--prompts, default auto: the first one every request supports):
@@ -278,21 +280,19 @@ def cmd_vllm_serve(args: argparse.Namespace) -> int:
         startup_timeout=args.timeout,
     )
     print(f"starting vLLM on {srv.base_url} (log: {srv.log_path})", flush=True)
+    old_handlers = _interrupt_on_signals()
     try:
-        srv.start()
-    except ServerError as exc:
-        print(f"skv: error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        srv.stop()
-        return 130
-    print(
-        f"ready in {srv.ready_seconds:.1f} s: {srv.base_url}/v1  model={srv.model_name}"
-        + (f"  kv-events={srv.kv_events_endpoint}" if srv.kv_events_endpoint else "")
-        + "  (Ctrl-C stops)",
-        flush=True,
-    )
-    try:
+        try:
+            srv.start()
+        except ServerError as exc:
+            print(f"skv: error: {exc}", file=sys.stderr)
+            return 1
+        print(
+            f"ready in {srv.ready_seconds:.1f} s: {srv.base_url}/v1  model={srv.model_name}"
+            + (f"  kv-events={srv.kv_events_endpoint}" if srv.kv_events_endpoint else "")
+            + "  (Ctrl-C stops)",
+            flush=True,
+        )
         assert srv.proc is not None
         code = srv.proc.wait()
         print(f"vLLM server exited with {code}\n{srv.log_tail()}", file=sys.stderr)
@@ -302,6 +302,25 @@ def cmd_vllm_serve(args: argparse.Namespace) -> int:
         return 0
     finally:
         srv.stop()
+        for sig, handler in old_handlers.items():
+            signal.signal(sig, handler)
+
+
+def _interrupt_on_signals() -> dict[int, Any]:
+    """SIGTERM and SIGHUP, and SIGINT (which a shell's background job ignores), raise
+    KeyboardInterrupt, so ``kill`` of ``skv vllm serve`` stops the engine's whole process group
+    instead of orphaning it. Returns the previous handlers (none outside the main thread)."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    old: dict[int, Any] = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        try:
+            old[sig] = signal.signal(sig, interrupt)
+        except ValueError:  # not the main thread
+            break
+    return old
 
 
 def cmd_vllm_replay_trace(args: argparse.Namespace) -> int:

@@ -22,9 +22,7 @@ engine-free parts (unit-tested on their own).
 from __future__ import annotations
 
 import asyncio
-import os
 import random
-import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
@@ -52,19 +50,36 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+def load_section(
+    path: str | Path | None,
+    section: str,
+    defaults: dict[str, Any],
+    *,
+    quick: bool = False,
+    overrides: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """An engine experiment's config: ``defaults``, then the file's ``section`` mapping (keys it
+    does not know are an error naming the file), then (``quick``) its ``quick:`` mapping, then
+    ``overrides`` (None values ignored)."""
+    cfg = dict(defaults)
+    if path is not None:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        for part in (section, "quick"):
+            unknown = set(data.get(part) or {}) - set(defaults)
+            if unknown:
+                raise ValueError(f"{path}: {part}: unknown keys {sorted(unknown)}")
+        cfg.update(data.get(section) or {})
+        if quick:
+            cfg.update(data.get("quick") or {})
+    cfg.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    return cfg
+
+
 def load_config(
     path: str | Path | None = None, *, quick: bool = False, **overrides: Any
 ) -> dict[str, Any]:
-    """:data:`DEFAULTS`, then the file's ``fidelity:`` mapping, then (``quick``) its ``quick:``
-    mapping, then ``overrides`` (None values ignored)."""
-    cfg = dict(DEFAULTS)
-    if path is not None:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-        cfg.update(data.get("fidelity", {}))
-        if quick:
-            cfg.update(data.get("quick") or {})
-    cfg.update({k: v for k, v in overrides.items() if v is not None})
-    return cfg
+    """:data:`DEFAULTS` overlaid by the file's ``fidelity:`` section (see :func:`load_section`)."""
+    return load_section(path, "fidelity", DEFAULTS, quick=quick, overrides=overrides)
 
 
 # ---------------------------------------------------------------------- trace
@@ -174,26 +189,6 @@ def engine_missing() -> str | None:
     return None
 
 
-def build_tiny_model(out: Path, engine_python: Path) -> Path:
-    from skv.vllm import tiny_model as tm
-    from skv.vllm.server import ENGINE_ENV
-
-    if (out / "config.json").exists():
-        return out
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    env.update(ENGINE_ENV)
-    proc = subprocess.run(
-        [str(engine_python), tm.__file__, str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"tiny model build failed: {proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    return out
-
-
 def _run_coroutine(make):
     """``asyncio.run(make())``, in a worker thread when this thread already runs an event loop
     (a Jupyter kernel does)."""
@@ -211,7 +206,7 @@ def measure(cfg: dict[str, Any], trace: Sequence[Request], work_dir: Path) -> di
     """Start the engine, send ``trace`` sequentially, return plan, results and timings."""
     from skv.vllm.client import StreamingClient
     from skv.vllm.hashreplay import HashReplayConfig, plan_hash_replay, replay_plan
-    from skv.vllm.server import VllmServer, find_engine_python
+    from skv.vllm.server import VllmServer, build_tiny_model, find_engine_python
 
     py = find_engine_python()
     model = build_tiny_model(work_dir / "tiny-llama", py)

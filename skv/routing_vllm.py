@@ -40,13 +40,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
 from skv.fidelity import (
     _run_coroutine,
-    build_tiny_model,
     compare_hits,
     engine_missing,
+    load_section,
     simulate_hits,
     synthetic_trace,
 )
@@ -77,19 +76,9 @@ DEFAULTS: dict[str, Any] = {
 def load_config(
     path: str | Path | None = None, *, quick: bool = False, **overrides: Any
 ) -> dict[str, Any]:
-    """:data:`DEFAULTS`, then the file's ``routing:`` mapping, then (``quick``) its ``quick:``
-    mapping, then ``overrides`` (None values ignored)."""
-    cfg = dict(DEFAULTS)
-    if path is not None:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-        unknown = set(data.get("routing", {})) - set(DEFAULTS)
-        if unknown:
-            raise ValueError(f"{path}: routing: unknown keys {sorted(unknown)}")
-        cfg.update(data.get("routing", {}))
-        if quick:
-            cfg.update(data.get("quick") or {})
-    cfg.update({k: v for k, v in overrides.items() if v is not None})
-    return cfg
+    """:data:`DEFAULTS` overlaid by the file's ``routing:`` section (see
+    :func:`skv.fidelity.load_section`)."""
+    return load_section(path, "routing", DEFAULTS, quick=quick, overrides=overrides)
 
 
 # ---------------------------------------------------------------------- simulate
@@ -257,7 +246,12 @@ def run_policy(
 def measure(cfg: dict[str, Any], trace: Sequence[Any], work: Path) -> dict[str, Any]:
     """Start the engines once, run every policy, return the plan and per-policy runs."""
     from skv.vllm.hashreplay import HashReplayConfig, plan_hash_replay, prompts_and_arrivals
-    from skv.vllm.server import VllmServer, cpu_share_env, find_engine_python
+    from skv.vllm.server import (
+        VllmServer,
+        build_tiny_model,
+        cpu_share_env,
+        find_engine_python,
+    )
 
     py = find_engine_python()
     model = build_tiny_model(work / "tiny-llama", py)

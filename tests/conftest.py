@@ -4,8 +4,6 @@ stale compiled modules; the real-engine fixtures (engine venv, tiny model) share
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -43,18 +41,6 @@ def engine_python() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model(engine_python, tmp_path_factory) -> Path:
     """A tiny random-weight Llama with its own tokenizer and chat template (built in seconds)."""
-    from skv.vllm import tiny_model as tiny_model_module
-    from skv.vllm.server import ENGINE_ENV
+    from skv.vllm.server import build_tiny_model
 
-    out = tmp_path_factory.mktemp("tiny-llama")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    env.update(ENGINE_ENV)
-    proc = subprocess.run(
-        [str(engine_python), tiny_model_module.__file__, str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return out
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"), engine_python)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -161,3 +164,37 @@ def serve_app(app: Any):
     from skv.services._common import serve_in_thread
 
     return serve_in_thread(app)
+
+
+@contextmanager
+def running_engine(model: Path, python: Path, log_dir: Path, **kw: Any) -> Iterator[Any]:
+    """A real vLLM server on ``model`` (``VllmServer`` options in ``kw``), started and, however
+    the block ends, stopped with its whole process group. ``SKV_VLLM_STARTUP_TIMEOUT`` (s)
+    bounds the start (default 600: a loaded 2-core machine can take minutes)."""
+    from skv.vllm.server import VllmServer
+
+    srv = VllmServer(
+        model,
+        python=python,
+        log_path=Path(log_dir) / "server.log",
+        startup_timeout=float(os.environ.get("SKV_VLLM_STARTUP_TIMEOUT", "600")),
+        **kw,
+    )
+    try:
+        srv.start()
+        print(f"vLLM ready in {srv.ready_seconds:.1f} s at {srv.base_url} (log {srv.log_path})")
+        yield srv
+    finally:
+        srv.close()
+        assert not srv.is_running()
+
+
+def wait_until(pred: Any, what: str, timeout: float = 10.0) -> None:
+    """Poll ``pred()`` until true; fail naming ``what`` after ``timeout`` seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import time
 from pathlib import Path
 
 import httpx
@@ -18,7 +17,7 @@ import pytest
 pytest.importorskip("fastapi")
 uvicorn = pytest.importorskip("uvicorn")
 
-from helpers import serve_app  # noqa: E402
+from helpers import serve_app, wait_until  # noqa: E402
 
 from skv.services import mock_backend, proxy, router, sim_api  # noqa: E402
 from skv.traces import load_trace  # noqa: E402
@@ -227,14 +226,6 @@ def _precise_router(tmp_path, urls, mounts, endpoints):
     return router.create_app(cfg, mounts=mounts)
 
 
-def _wait(pred, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
 def test_router_precise_follows_kv_events(tmp_path):
     from helpers import KVPublisher
 
@@ -251,11 +242,11 @@ def test_router_precise_follows_kv_events(tmp_path):
     def publish(i: int, events) -> None:
         before = index.state(i).stores + index.state(i).removals
         pubs[i].send(events)
-        _wait(lambda: index.state(i).stores + index.state(i).removals > before, "events")
+        wait_until(lambda: index.state(i).stores + index.state(i).removals > before, "events")
 
     async def go():
         for i, pub in enumerate(pubs):  # the slow joiner: probe until each subscription is up
-            _wait(lambda i=i, pub=pub: pub.send([AllBlocksCleared()]) or index.state(i).clears,
+            wait_until(lambda i=i, pub=pub: pub.send([AllBlocksCleared()]) or index.state(i).clears,
                   f"subscriber {i}")  # fmt: skip
         async with asgi(apps[1]) as r1:  # the tokens replica 1's engine would see
             tok = (await r1.post("/tokenize", json={"messages": _msgs(0)})).json()

@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+from helpers import running_engine
 
 from skv.cli import build_parser, main
 from skv.model import Request, Segment, SemanticType, content_hash
@@ -414,21 +415,9 @@ def test_text_trace_sends_the_text(tmp_path):
 
 @pytest.fixture(scope="module")
 def server(engine_python, tiny_model, tmp_path_factory):
-    from skv.vllm.server import VllmServer
-
-    srv = VllmServer(
-        tiny_model,
-        python=engine_python,
-        block_size=BLOCK,
-        num_gpu_blocks=128,
-        log_path=tmp_path_factory.mktemp("vllm-log") / "server.log",
-        startup_timeout=float(os.environ.get("SKV_VLLM_STARTUP_TIMEOUT", "600")),
-    )
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.close()
+    logs = tmp_path_factory.mktemp("vllm-log")
+    with running_engine(tiny_model, engine_python, logs, block_size=BLOCK, num_gpu_blocks=128) as s:
+        yield s
 
 
 def _mooncake_file(path: Path, n: int = 16) -> Path:

@@ -10,11 +10,11 @@ idle 2-core machine, up to a few minutes under load.
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import time
 
 import pytest
+from helpers import running_engine
 from helpers import words as text
 
 from skv.model import Request, Segment, SemanticType
@@ -31,7 +31,6 @@ from skv.vllm.hashreplay import (
 )
 from skv.vllm.kv_events import BlockRemoved, BlockStored, KVEventSubscriber, KVIndex
 from skv.vllm.metrics import parse_prometheus, scrape, scrape_prefix_cache
-from skv.vllm.server import VllmServer
 
 pytestmark = pytest.mark.vllm
 
@@ -49,23 +48,10 @@ def run(coro):
 
 @pytest.fixture(scope="module")
 def server(engine_python, tiny_model, tmp_path_factory):
-    log = tmp_path_factory.mktemp("vllm-log") / "server.log"
-    srv = VllmServer(
-        tiny_model,
-        python=engine_python,
-        block_size=BLOCK,
-        num_gpu_blocks=BLOCKS,
-        kv_events=True,
-        log_path=log,
-        startup_timeout=float(os.environ.get("SKV_VLLM_STARTUP_TIMEOUT", "600")),
-    )
-    srv.start()
-    print(f"vLLM ready in {srv.ready_seconds:.1f} s at {srv.base_url} (log {log})")
-    try:
+    logs = tmp_path_factory.mktemp("vllm-log")
+    kw = {"block_size": BLOCK, "num_gpu_blocks": BLOCKS, "kv_events": True}
+    with running_engine(tiny_model, engine_python, logs, **kw) as srv:
         yield srv
-    finally:
-        srv.close()
-        assert not srv.is_running()
 
 
 @pytest.fixture(scope="module")

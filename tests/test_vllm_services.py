@@ -18,7 +18,7 @@ import os
 import time
 
 import pytest
-from helpers import serve_app, words
+from helpers import serve_app, wait_until, words
 
 from skv.services import proxy, router
 from skv.traces import load_trace
@@ -56,14 +56,6 @@ def engines(engine_python, tiny_model, tmp_path_factory):
     finally:
         for s in srvs:
             s.close()
-
-
-def _wait(pred, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def _chat(system_seed: int, question: str) -> dict:
@@ -105,7 +97,9 @@ def test_proxy_and_precise_router_stream_through_real_engines(engines, tmp_path)
                 stored = index.state(want).stored_blocks
                 results.append(await c.request(body, max_tokens=MAX_TOKENS))
                 # the engine reports the blocks of this prompt once they are stored
-                _wait(lambda w=want, n=stored: index.state(w).stored_blocks > n, "KV events")
+                wait_until(
+                    lambda w=want, n=stored: index.state(w).stored_blocks > n, "KV events", 30
+                )
         return results
 
     with serve_app(router_app) as rt_url:

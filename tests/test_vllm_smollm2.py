@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 
 import pytest
+from helpers import running_engine
 
 from skv.cli import main
 from skv.vllm import smollm2
 from skv.vllm.client import StreamingClient
-from skv.vllm.server import VllmServer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.smollm2]
 
@@ -37,19 +36,9 @@ def model_dir(engine_python, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(engine_python, model_dir, tmp_path_factory):
-    srv = VllmServer(
-        model_dir,
-        python=engine_python,
-        block_size=BLOCK,
-        num_gpu_blocks=128,
-        log_path=tmp_path_factory.mktemp("vllm-log") / "server.log",
-        startup_timeout=float(os.environ.get("SKV_VLLM_STARTUP_TIMEOUT", "600")),
-    )
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.close()
+    logs = tmp_path_factory.mktemp("vllm-log")
+    with running_engine(model_dir, engine_python, logs, block_size=BLOCK, num_gpu_blocks=128) as s:
+        yield s
 
 
 def test_the_converted_directory_is_a_complete_hf_model(model_dir):

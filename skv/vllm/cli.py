@@ -6,7 +6,7 @@ Wired into ``skv/cli.py`` with :func:`register`::
     skv vllm tiny-model DIR [--seed N]          # tiny random Llama + tokenizer + chat template
     skv vllm smollm2 DIR [--dtype float32]      # SmolLM2-135M-Instruct (GGUF -> HF dir)
     skv vllm serve --model DIR [--num-gpu-blocks N] [--port P] [--block-size B]
-                   [--kv-events ENDPOINT] [--log FILE]   # foreground until Ctrl-C
+                   [--kv-events auto|none|ENDPOINT] [--log FILE]  # until Ctrl-C / kill
     skv vllm replay-trace TRACE --url URL --out DIR [--time-scale X | --rate R | --concurrency C]
                    # a trace against a running server: requests.jsonl + summary.json
 
@@ -85,7 +85,10 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, default=None, help="KV block size in tokens")
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument(
-        "--kv-events", default=None, help="ZMQ endpoint for KV events (ipc:// or tcp://)"
+        "--kv-events",
+        default="auto",
+        help="ZMQ endpoint for KV-cache events (ipc:// or tcp://); 'auto' (default): an ipc "
+        "socket in a fresh temporary directory, printed when ready; 'none': no events",
     )
     p.add_argument("--log", default=None, help="server log file (default: a temporary file)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for /health")
@@ -270,7 +273,7 @@ def cmd_vllm_serve(args: argparse.Namespace) -> int:
         port=args.port,
         num_gpu_blocks=args.num_gpu_blocks,
         block_size=args.block_size,
-        kv_events=args.kv_events,
+        kv_events={"auto": True, "none": None}.get(args.kv_events, args.kv_events),
         max_model_len=args.max_model_len,
         log_path=args.log,
         python=_python(args.venv),

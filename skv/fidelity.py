@@ -5,10 +5,12 @@ a few unique blocks per request, so the distinct blocks exceed the cache and for
 
 1. sent to a real vLLM server with ``--num-gpu-blocks-override N`` and ``--block-size B``,
    SEQUENTIALLY (concurrency 1: the engine and the simulator see the same order, no overlap),
-   one output token per request (no decode blocks), recording ``cached_tokens`` and TTFT;
+   ``max_output_tokens`` per request (1 in the pinned config: no decode blocks, and TTFT
+   measures prefill), recording ``cached_tokens`` and TTFT;
 2. replayed (cache only) through skv's ``vllm`` policy (:class:`skv.cache.vllm_pool.VllmBlockPool`)
    with ``capacity_blocks = N`` (it models the null block and the ``prompt_len - 1`` hit cap
-   itself) on the engine-unit trace from :func:`skv.vllm.hashreplay.results_to_trace`;
+   itself) on the engine-unit trace from :func:`skv.vllm.hashreplay.results_to_trace`, each
+   request decoding its answer into blocks before it frees them (:func:`with_output_blocks`);
 3. compared per request (engine ``cached_tokens`` vs simulated hit tokens) and in total (token
    hit rate, in points);
 4. the calibrated latency model is fitted to the measured TTFT
@@ -129,16 +131,58 @@ def synthetic_trace(cfg: dict[str, Any]) -> list[Request]:
 # ---------------------------------------------------------------------- simulate / compare
 
 
-def simulate_hits(trace: Sequence[Request], block_size: int, capacity_blocks: int) -> list[int]:
-    """Per-request hit tokens of skv's ``vllm`` policy, cache-only, in trace order."""
+#: hash ids for generated tokens: far above any id a trace or :func:`synthetic_trace` uses
+OUTPUT_ID_BASE = 1 << 40
+
+
+def with_output_blocks(r: Request, block_size: int, first_id: int) -> Request | None:
+    """``r`` grown by its answer, as vLLM caches it: KV exists for ``prompt + output - 1``
+    tokens (the last sampled token is never fed back), the prompt's partial last block fills
+    up with the answer's first tokens, and every block from there on holds content no other
+    request has (fresh hash ids ``first_id, first_id + 1, ...``). None when the answer adds
+    nothing to the prompt's blocks."""
+    if r.hash_ids is None or r.output_tokens <= 1:
+        return None
+    bs = block_size
+    prompt = r.prompt_tokens
+    total = prompt + r.output_tokens - 1
+    n_full = prompt // bs
+    n_blocks = -(-total // bs)
+    if n_blocks <= n_full:
+        return None
+    fresh = list(range(first_id, first_id + n_blocks - n_full))
+    out_seg = Segment(SemanticType.OUTPUT, total - prompt)
+    return Request(
+        r.request_id,
+        r.arrival_s,
+        [*r.segments, out_seg],
+        hash_ids=list(r.hash_ids[:n_full]) + fresh,
+        hash_block_size=bs,
+    )
+
+
+def simulate_hits(
+    trace: Sequence[Request], block_size: int, capacity_blocks: int, *, decode: bool = True
+) -> list[int]:
+    """Per-request hit tokens of skv's ``vllm`` policy, cache-only, in trace order. With
+    ``decode``, each request also decodes its ``output_tokens`` into blocks before it frees
+    them (:func:`with_output_blocks`), as the engine does."""
+    from skv.blocks import request_blocks
     from skv.policies.registry import make_cache
     from skv.replay import compile_trace
 
     blocks = compile_trace(trace, block_size)
     cache = make_cache("vllm", capacity_blocks)
     hits = []
-    for rb in blocks:
-        lease = cache.access(rb, rb.arrival_s)
+    next_id = OUTPUT_ID_BASE
+    for r, rb in zip(trace, blocks, strict=True):
+        lease = cache.acquire(rb, rb.arrival_s)
+        ext = with_output_blocks(r, block_size, next_id) if decode else None
+        if ext is not None:
+            next_id += len(ext.hash_ids)  # answers never share blocks
+            erb = request_blocks(ext, block_size, "prefix")
+            cache.extend(lease, erb, r.prompt_tokens // block_size, rb.arrival_s)
+        cache.release(lease, rb.arrival_s)
         hits.append(int(lease.hit_tokens))
     return hits
 

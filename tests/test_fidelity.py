@@ -54,6 +54,34 @@ def test_pinned_trace_evicts_and_simulation_respects_vllm_rules():
         assert h % bs == 0 and h <= r.prompt_tokens - 1
 
 
+def test_answers_add_decode_blocks_as_vllm_caches_them():
+    bs = 32
+    r = fidelity.synthetic_trace(fidelity.load_config(CONFIG, num_requests=1))[0]
+    r.output_tokens = 40
+    ext = fidelity.with_output_blocks(r, bs, first_id=fidelity.OUTPUT_ID_BASE)
+    n_full = r.prompt_tokens // bs
+    total = r.prompt_tokens + 40 - 1  # the last sampled token has no KV
+    assert ext.prompt_tokens == total
+    assert ext.hash_ids[:n_full] == r.hash_ids[:n_full]  # the prompt's full blocks
+    assert ext.hash_ids[n_full:] == list(
+        range(fidelity.OUTPUT_ID_BASE, fidelity.OUTPUT_ID_BASE + -(-total // bs) - n_full)
+    )
+    r.output_tokens = 1
+    assert fidelity.with_output_blocks(r, bs, 0) is None  # one token: no KV beyond the prompt
+
+
+def test_decoding_takes_cache_room_from_later_requests():
+    cfg = fidelity.load_config(CONFIG, num_requests=40, max_output_tokens=64)
+    trace = fidelity.synthetic_trace(cfg)
+    bs, cap = cfg["block_size"], cfg["num_gpu_blocks"]
+    prefill_only = fidelity.simulate_hits(trace, bs, cap, decode=False)
+    decoding = fidelity.simulate_hits(trace, bs, cap)
+    assert sum(decoding) < sum(prefill_only)  # answers' blocks evict shared documents
+    assert fidelity.simulate_hits(trace, bs, 100_000) == fidelity.simulate_hits(
+        trace, bs, 100_000, decode=False
+    )  # with room for everything, answers (never shared) change no hit
+
+
 def test_quick_config_overrides_request_count():
     assert (
         fidelity.load_config(CONFIG, quick=True)["num_requests"]
@@ -82,7 +110,9 @@ def test_claim_states_the_two_point_goal():
 def test_measured_and_simulated_hit_rates_agree_within_two_points():
     if fidelity.engine_missing():
         pytest.skip(fidelity.engine_missing())
-    cfg = fidelity.load_config(CONFIG, num_requests=40)
+    # 24 output tokens: the answers' blocks take cache room as they are decoded (the pipeline
+    # step decodes 1 token so TTFT measures prefill); the simulation must model them too
+    cfg = fidelity.load_config(CONFIG, num_requests=40, max_output_tokens=24)
     r = fidelity.run_fidelity(cfg)
     assert not r["skipped"]
     assert r["requests_compared"] == 40

@@ -341,3 +341,32 @@ def test_evicting_one_of_two_duplicates_leaves_no_ghost():
     assert 4 not in pool.ghost
     pool.access(a, 3.0)  # recomputes 4 as a duplicate again
     assert pool.stats.ghost_hits == 0
+
+
+# ---------------------------------------------------------------- decoding (extend)
+
+
+def test_decoding_fills_the_prompts_partial_block_in_place_then_allocates():
+    pool = pool_of(8)  # 7 usable
+    prompt = with_partial(1, 2, 3, last_tokens=2)  # 2 full blocks + 2 tokens
+    lease = pool.acquire(prompt, 0.0)
+    assert len(lease.blocks) == 3 and pool.hash[lease.blocks[2]] is None
+    partial = lease.blocks[2]
+    # prompt + 7 decoded tokens = 11 tokens: block 2 is full now (key 30), block 3 partial
+    grown = rb([1, 2, 30, 40], tokens=[BS, BS, BS, 3], block_size=BS)
+    pool.extend(lease, grown, 2, 1.0)
+    assert len(lease.blocks) == 4  # one new block, not two
+    assert lease.blocks[2] == partial and pool.hash[partial] == 30  # hashed in place
+    assert pool.hash[lease.blocks[3]] is None  # still partial
+    pool.release(lease, 2.0)
+    assert pool.access(full(1, 2, 30, 99), 3.0).hit_tokens == 3 * BS  # the answer's block hits
+
+
+def test_decoding_after_a_block_aligned_prompt_only_allocates():
+    pool = pool_of(8)
+    lease = pool.acquire(full(1, 2), 0.0)
+    grown = rb([1, 2, 50], tokens=[BS, BS, BS], block_size=BS)
+    pool.extend(lease, grown, 2, 1.0)
+    assert len(lease.blocks) == 3 and pool.hash[lease.blocks[2]] == 50
+    pool.release(lease, 2.0)
+    assert sorted(k for k in pool.cached) == [1, 2, 50]

@@ -23,6 +23,7 @@ cdef class VllmBlockPool:
     cpdef Lease acquire(self, RequestBlocks rb, double now)
     cdef void _allocate(self, RequestBlocks rb, Py_ssize_t start, list held, double now,
                         bint count) except *
+    cdef void _hash_block(self, Py_ssize_t blk, object key, long long st, long long bs) except *
     cpdef release(self, Lease lease, double now)
     cpdef Lease access(self, RequestBlocks rb, double now)
     cdef Py_ssize_t _hit_count(self, RequestBlocks rb) except -1

@@ -189,9 +189,33 @@ class VllmBlockPool:
         return new_lease(held, n_hit, hit_tokens)
 
     def extend(self, lease: Lease, rb: RequestBlocks, start: int, now: float) -> None:
-        """Grow an in-flight request by blocks ``start:`` of ``rb`` (generated output): vLLM
-        allocates them as tokens are decoded and hashes the full ones."""
-        self._allocate(rb, start, lease.blocks, now, False)
+        """Grow an in-flight request to ``rb`` (prompt + generated output) from block ``start``
+        on: vLLM decodes into the blocks the request already holds (the prompt's partial last
+        block fills up in place and is hashed once full), then allocates new ones as tokens
+        arrive and hashes the full ones."""
+        held: list = lease.blocks
+        i: cython.Py_ssize_t = start
+        while i < len(held) and i < len(rb.keys):
+            blk = held[i]
+            if self.hash[blk] is None and rb.tokens[i] == rb.block_size:
+                self._hash_block(blk, rb.keys[i], rb.stypes[i], rb.block_size)
+            i += 1
+        self._allocate(rb, i, held, now, False)
+
+    def _hash_block(
+        self, blk: cython.Py_ssize_t, key: object, st: cython.longlong, bs: cython.longlong
+    ) -> None:
+        """A held block became full: it gets ``key`` (``cache_full_blocks``); a hash already
+        cached elsewhere makes it a duplicate."""
+        self.hash[blk] = key
+        self.stype[blk] = st
+        self.tokens[blk] = bs
+        if key in self.cached:
+            self._copies.setdefault(key, []).append(blk)
+        else:
+            self.cached[key] = blk
+        if self.ghost.capacity:
+            self.ghost.pop(key)  # cached again: drop what evicting this block recorded
 
     def _allocate(
         self,
@@ -225,15 +249,7 @@ class VllmBlockPool:
             self.ref[blk] = 1
             held.append(blk)
             if full:
-                self.hash[blk] = key
-                self.stype[blk] = stypes[i]
-                self.tokens[blk] = bs
-                if key in self.cached:
-                    self._copies.setdefault(key, []).append(blk)
-                else:
-                    self.cached[key] = blk
-                if self.ghost.capacity:
-                    self.ghost.pop(key)  # cached again: drop what evicting this block recorded
+                self._hash_block(blk, key, stypes[i], bs)
                 if ghost is not None and count:
                     self.counters.ghost_hits += 1
 

@@ -391,7 +391,7 @@ def run_pipeline(
                 if len(running) >= jobs or any(r.needs_engine for r in running.values()):
                     break
                 if step.needs_engine and running:
-                    continue  # engine steps measure time: they run alone, after the rest
+                    continue  # engine steps measure time: they start only when nothing else runs
                 if all(d in results for d in step.depends if d in {s.name for s in steps}):
                     pending.remove(step)
                     running[pool.submit(run_one, step)] = step

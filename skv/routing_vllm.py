@@ -205,7 +205,6 @@ def run_policy(
     )
     app = create_app(rcfg)
     state = app.state.router
-    _reset_caches(servers, state.index)
     chosen: list[int | None] = []
 
     async def go(url: str) -> list[Any]:
@@ -226,13 +225,16 @@ def run_policy(
                     await _wait_reported(state.index, k, body["prompt"], bs, cfg["event_wait_s"])
         return out
 
-    t0 = time.perf_counter()
     try:
+        _reset_caches(servers, state.index)
+        t0 = time.perf_counter()
         with serve_in_thread(app, lifespan="on") as url:
             results = _run_coroutine(lambda: go(url))
     finally:
         for sub in app.state.kv_subscribers:
             sub.close()
+        if app.state.decisions is not None:
+            app.state.decisions.close()
     decisions = sorted(rdir.glob("routing-*.jsonl"))
     return {
         "results": results,

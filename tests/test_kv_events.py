@@ -197,6 +197,30 @@ def test_token_overlap_counts_shared_content_once_per_holder():
     assert idx.token_overlap(0, a) == 0
 
 
+def test_a_hash_cached_twice_survives_the_eviction_of_one_copy():
+    """vLLM keeps duplicate blocks per hash (a recomputed last block, two requests storing the
+    same prefix in one step) and reports each copy's store and removal."""
+    idx = KVIndex()
+    a = _toks(2, 1)
+    idx.apply(0, BlockStored((11, 22), None, a, 4))
+    idx.apply(0, BlockStored((22,), 11, a[4:], 4))  # a second physical copy of block 22
+    idx.apply(0, BlockRemoved((22,)))
+    assert idx.token_overlap(0, a) == 2 and idx.prefix_overlap(0, [11, 22]) == 2
+    idx.apply(0, BlockStored((33,), 22, _toks(1, 5), 4))  # a child still chains through 22
+    assert idx.state(0).unchained_blocks == 0
+    idx.apply(0, BlockRemoved((22,)))
+    assert idx.token_overlap(0, a) == 1 and idx.num_blocks(0) == 2
+
+
+def test_events_of_another_block_size_are_kept_by_hash_only():
+    idx = KVIndex()
+    idx.apply(0, BlockStored((1,), None, _toks(1, 1), 4))
+    idx.apply(0, BlockStored((2,), 1, _toks(1, 2, bs=2)[:2], 2))  # a partial-block event
+    st = idx.state(0)
+    assert st.block_size == 4 and st.unchained_blocks == 1
+    assert idx.token_overlap(0, _toks(1, 1)) == 1
+
+
 def test_blocks_without_a_known_parent_are_unchained():
     idx = KVIndex()
     idx.apply(0, BlockStored((5,), 4, _toks(1, 1), 4))  # parent 4 stored before we listened

@@ -392,3 +392,13 @@ def test_cli_register_and_demo(capsys):
     assert args.func(args) == 0
     out = capsys.readouterr().out
     assert "round_robin" in out and "prefix_locality" in out and "%" in out
+
+
+def test_router_refuses_token_ids_out_of_range(tmp_path):
+    async def go():
+        _apps, urls, mounts = _replicas(1)
+        async with asgi(_router(tmp_path, "prefix_locality", urls, mounts)) as c:
+            r = await c.post("/v1/completions", json={"prompt": [1, -1], "max_tokens": 1})
+            assert r.status_code == 400 and "token ids" in r.json()["error"]["message"]
+
+    asyncio.run(go())

@@ -279,6 +279,8 @@ def token_prompt(body: dict[str, Any]) -> list[int] | None:
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
         prompt = prompt[0]
     if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+        if not all(0 <= t < 1 << 32 for t in prompt):
+            raise ValueError("token ids must be in [0, 2**32)")
         return prompt
     return None
 
@@ -384,8 +386,8 @@ def create_app(
         body = await json_object_body(request)
         if isinstance(body, Response):
             return body
-        ids = None if chat else token_prompt(body)
         try:
+            ids = None if chat else token_prompt(body)
             segments = (
                 token_segments(ids, cfg.block_size)
                 if ids is not None

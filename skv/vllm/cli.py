@@ -301,6 +301,8 @@ def cmd_vllm_serve(args: argparse.Namespace) -> int:
         print("stopping", flush=True)
         return 0
     finally:
+        for sig in old_handlers:  # a second signal must not cut the shutdown short
+            signal.signal(sig, signal.SIG_IGN)
         srv.stop()
         for sig, handler in old_handlers.items():
             signal.signal(sig, handler)

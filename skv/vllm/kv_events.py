@@ -308,8 +308,9 @@ class ReplicaState:
     """What one replica reports: stored hashes (each with its content key) and counters."""
 
     blocks: dict[BlockHash, int | None] = field(default_factory=dict)  # hash -> content key
+    copies: dict[BlockHash, int] = field(default_factory=dict)  # hashes held by > 1 block
     content: dict[int, int] = field(default_factory=dict)  # content key -> blocks holding it
-    block_size: int | None = None  # as the events report it
+    block_size: int | None = None  # as the first event reports it
     stores: int = 0  # BlockStored events
     stored_blocks: int = 0  # hashes those events carried
     unchained_blocks: int = 0  # stored blocks without a content key (parent or tokens unknown)
@@ -333,17 +334,21 @@ class ReplicaState:
     def store(self, ev: BlockStored) -> None:
         self.stores += 1
         self.stored_blocks += len(ev.block_hashes)
-        if ev.block_size:
+        if self.block_size is None and ev.block_size:
             self.block_size = ev.block_size
         keys: list[int | None] = []
         parent = ROOT_KEY if ev.parent_block_hash is None else self.blocks.get(ev.parent_block_hash)
-        if parent is not None and ev.block_size:
+        # content keys chain at one block size: an event of another size (vLLM's partial-block
+        # events under hybrid KV layouts) is kept by hash only
+        if parent is not None and ev.block_size and ev.block_size == self.block_size:
             keys = list(content_keys(ev.token_ids, ev.block_size, parent))
         if len(keys) != len(ev.block_hashes):  # parent unknown, or tokens missing or partial
             keys = [None] * len(ev.block_hashes)
             self.unchained_blocks += len(ev.block_hashes)
         for h, k in zip(ev.block_hashes, keys, strict=True):
-            self._drop(h)
+            if h in self.blocks:  # another physical copy of a cached hash (vLLM keeps both)
+                self.copies[h] = self.copies.get(h, 1) + 1
+                continue
             self.blocks[h] = k
             if k is not None:
                 self.content[k] = self.content.get(k, 0) + 1
@@ -354,7 +359,14 @@ class ReplicaState:
         for h in ev.block_hashes:
             if h not in self.blocks:
                 self.unknown_removals += 1
-            self._drop(h)
+            elif self.copies.get(h, 1) > 1:  # one copy goes, the hash stays cached
+                n = self.copies[h] - 1
+                if n > 1:
+                    self.copies[h] = n
+                else:
+                    del self.copies[h]
+            else:
+                self._drop(h)
 
     def _drop(self, h: BlockHash) -> None:
         k = self.blocks.pop(h, None)
@@ -367,6 +379,7 @@ class ReplicaState:
 
     def clear(self) -> None:
         self.blocks.clear()
+        self.copies.clear()
         self.content.clear()
 
 

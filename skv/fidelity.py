@@ -349,39 +349,40 @@ def run_fidelity(config: dict[str, Any] | str | Path | None = None) -> dict[str,
 def fidelity_figure(result: dict[str, Any]):
     """Two panels: measured vs simulated cached tokens per request (request order), and
     measured vs fitted TTFT."""
-    from skv.plotstyle import figure, line_style
+    from skv.plotstyle import figure, line_style, paper_style
 
     rows = result["per_request"]
-    fig = figure("text", 2.4)
-    ax1, ax2 = fig.subplots(1, 2)
-    x = list(range(len(rows)))
-    ax1.plot(
-        x,
-        [r["measured_cached_tokens"] or 0 for r in rows],
-        label="vLLM (measured)",
-        **{**line_style(0), "linestyle": "-"},
-    )
-    ax1.plot(
-        x,
-        [r["simulated_cached_tokens"] for r in rows],
-        label="skv vllm (simulated)",
-        **{**line_style(1), "linestyle": "--"},
-    )
-    ax1.set_xlabel("request")
-    ax1.set_ylabel("cached tokens")
-    ax1.set_title(
-        f"hit rate {100 * result['measured_hit_rate']:.1f}% vs "
-        f"{100 * result['simulated_hit_rate']:.1f}% "
-        f"(gap {result['hit_rate_gap_pts']:.2f} pts)",
-        fontsize="small",
-    )
-    ax1.legend(fontsize="x-small")
-    meas = [r["ttft_ms"] for r in rows]
-    pred = [r["predicted_ttft_ms"] for r in rows]
-    ax2.scatter(pred, meas, s=8, color=line_style(0).get("color"))
-    lo, hi = min(meas + pred), max(meas + pred)
-    ax2.plot([lo, hi], [lo, hi], color="grey", linewidth=0.8, linestyle=":")
-    ax2.set_xlabel("fitted TTFT (ms)")
-    ax2.set_ylabel("measured TTFT (ms)")
-    ax2.set_title(f"TTFT fit $R^2$ = {result['latency_r2']:.3f}", fontsize="small")
+    with paper_style():
+        fig = figure("text", 2.4)
+        ax1, ax2 = fig.subplots(1, 2)
+        x = list(range(len(rows)))
+        ax1.plot(
+            x,
+            [r["measured_cached_tokens"] or 0 for r in rows],
+            label="vLLM (measured)",
+            **{**line_style(0), "linestyle": "-"},
+        )
+        ax1.plot(
+            x,
+            [r["simulated_cached_tokens"] for r in rows],
+            label="skv vllm (simulated)",
+            **{**line_style(1), "linestyle": "--"},
+        )
+        ax1.set_xlabel("request")
+        ax1.set_ylabel("cached tokens")
+        ax1.set_title(
+            f"hit rate {100 * result['measured_hit_rate']:.1f}% vs "
+            f"{100 * result['simulated_hit_rate']:.1f}% "
+            f"(gap {result['hit_rate_gap_pts']:.2f} pts)",
+            fontsize="small",
+        )
+        ax1.legend(fontsize="x-small")
+        meas = [r["ttft_ms"] for r in rows]
+        pred = [r["predicted_ttft_ms"] for r in rows]
+        ax2.scatter(pred, meas, s=8, color=line_style(0).get("color"))
+        lo, hi = min(meas + pred), max(meas + pred)
+        ax2.plot([lo, hi], [lo, hi], color="grey", linewidth=0.8, linestyle=":")
+        ax2.set_xlabel("fitted TTFT (ms)")
+        ax2.set_ylabel("measured TTFT (ms)")
+        ax2.set_title(f"TTFT fit $R^2$ = {result['latency_r2']:.3f}", fontsize="small")
     return fig

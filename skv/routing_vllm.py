@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import statistics
 import tempfile
 import time
 from collections.abc import Sequence
@@ -40,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 
 from skv.fidelity import (
     _run_coroutine,
@@ -96,14 +96,6 @@ def simulate_routed_hits(
                         strict=True):  # fmt: skip
             hits[i] = h
     return hits
-
-
-def _quantile(xs: Sequence[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    if len(xs) == 1:
-        return float(xs[0])
-    return float(statistics.quantiles(xs, n=100, method="inclusive")[int(q * 100) - 1])
 
 
 # ---------------------------------------------------------------------- engines
@@ -357,8 +349,8 @@ def run_routing(config: dict[str, Any] | str | Path | None = None) -> dict[str, 
                 "hit_rate_gap_pts": cmp["hit_rate_gap_pts"],
                 "exact_agreement": cmp["exact_agreement"],
                 "prefill_tokens": cmp["prompt_tokens"] - cmp["measured_hit_tokens"],
-                "ttft_p50_ms": _quantile(ttft, 0.5),
-                "ttft_p90_ms": _quantile(ttft, 0.9),
+                "ttft_p50_ms": float(np.percentile(ttft, 50)),
+                "ttft_p90_ms": float(np.percentile(ttft, 90)),
             }
         )
         for r, k, s in zip(etrace, chosen, sim, strict=True):
@@ -395,29 +387,26 @@ def routing_figure(result: dict[str, Any]):
     """Per policy: token hit rate, measured vs simulated; and the prompt tokens the engines had
     to prefill (measured). TTFT stays in the table: on a shared 2-core VM it is too noisy to
     carry a figure."""
-    import numpy as np
-
-    from skv.plotstyle import figure, line_style
+    from skv.plotstyle import bar_style, figure, paper_style
 
     rows = result["policies"]
     names = [r["policy"].replace("_", " ") for r in rows]
     x = np.arange(len(rows))
-    fig = figure("text", 2.6)
-    ax1, ax2 = fig.subplots(1, 2)
-    w = 0.38
-    ax1.bar(x - w / 2, [100 * r["measured_hit_rate"] for r in rows], w,
-            label="vLLM (measured)", color=line_style(0).get("color"))  # fmt: skip
-    ax1.bar(x + w / 2, [100 * r["simulated_hit_rate"] for r in rows], w,
-            label="skv vllm per replica (simulated)", color="white",
-            edgecolor=line_style(1).get("color"), hatch="//")  # fmt: skip
-    ax1.set_xticks(x, names, rotation=25, ha="right", fontsize="x-small")
-    ax1.set_ylabel("token hit rate (%)")
-    ax1.legend(fontsize="x-small", loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=1,
-               frameon=False)  # fmt: skip
-    ax2.bar(x, [r["prefill_tokens"] / 1e3 for r in rows], 0.6, color=line_style(0).get("color"))
-    ax2.set_xticks(x, names, rotation=25, ha="right", fontsize="x-small")
-    ax2.set_ylabel("tokens prefilled (k)")
     cfg = result["config"]
-    ax2.set_title(f"measured: {cfg['replicas']} vLLM CPU engines x {cfg['num_gpu_blocks']} "
-                  "blocks", fontsize="small")  # fmt: skip
+    w = 0.38
+    with paper_style():
+        fig = figure("text", 2.6)
+        ax1, ax2 = fig.subplots(1, 2)
+        ax1.bar(x - w / 2, [100 * r["measured_hit_rate"] for r in rows], w,
+                label="vLLM (measured)", **bar_style(0))  # fmt: skip
+        ax1.bar(x + w / 2, [100 * r["simulated_hit_rate"] for r in rows], w,
+                label="skv vllm per replica (simulated)", **bar_style(1))  # fmt: skip
+        ax1.set_xticks(x, names, rotation=25, ha="right")
+        ax1.set_ylabel("token hit rate (%)")
+        ax1.legend(frameon=False, loc="lower center", bbox_to_anchor=(0.5, 1.0))
+        ax2.bar(x, [r["prefill_tokens"] / 1e3 for r in rows], 0.6, **bar_style(0))
+        ax2.set_xticks(x, names, rotation=25, ha="right")
+        ax2.set_ylabel("tokens prefilled (k)")
+        ax2.set_title(f"measured: {cfg['replicas']} vLLM CPU engines x "
+                      f"{cfg['num_gpu_blocks']} blocks", fontsize=7)  # fmt: skip
     return fig

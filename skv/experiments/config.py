@@ -27,6 +27,7 @@ blocks (``10%``; resolved per seed, since each seed draws a different trace).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -61,6 +62,14 @@ class ConfigError(ValueError):
     """A config file that cannot be used; the message names the file and the field."""
 
 
+def _known(name: str, names: Iterable[str], what: str) -> str:
+    """``name`` if it is one of ``names``; else the error every registry field gives."""
+    names = list(names)
+    if name not in names:
+        raise ValueError(f"unknown {what} {name!r}; known: {', '.join(names)}")
+    return name
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -78,9 +87,7 @@ class WorkloadSpec(_Strict):
     @classmethod
     def _known_workload(cls, name: str) -> str:
         known = _workload_names()
-        if known is not None and name not in known:
-            raise ValueError(f"unknown workload {name!r}; known: {', '.join(known)}")
-        return name
+        return name if known is None else _known(name, known, "workload")
 
     @field_validator("params")
     @classmethod
@@ -115,9 +122,7 @@ class PolicySpec(_Strict):
     def _known_policy(cls, name: str) -> str:
         from skv.policies.registry import POLICIES
 
-        if name not in POLICIES:
-            raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
-        return name
+        return _known(name, POLICIES, "policy")
 
     @model_validator(mode="after")
     def _params_accepted(self) -> PolicySpec:
@@ -167,9 +172,7 @@ class ReplicaSpec(_Strict):
     def _known_router(cls, router: str) -> str:
         from skv.sim.routers import ROUTERS
 
-        if router not in ROUTERS:
-            raise ValueError(f"unknown router {router!r}; known: {', '.join(ROUTERS)}")
-        return router
+        return _known(router, ROUTERS, "router")
 
 
 class BatchSpec(_Strict):
@@ -192,16 +195,12 @@ class SeedClaim(_Strict):
     def _known_policy(cls, name: str) -> str:
         from skv.policies.registry import POLICIES
 
-        if name not in POLICIES:
-            raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
-        return name
+        return _known(name, POLICIES, "policy")
 
     @field_validator("metric")
     @classmethod
     def _known_metric(cls, metric: str) -> str:
-        if metric not in METRICS:
-            raise ValueError(f"unknown metric {metric!r}; known: {', '.join(METRICS)}")
-        return metric
+        return _known(metric, METRICS, "metric")
 
 
 class ExperimentConfig(_Strict):

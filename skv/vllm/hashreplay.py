@@ -39,6 +39,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from skv.model import Request, Segment
 
 #: the tiny test model's vocabulary; its ids 0..5 are special tokens
@@ -309,17 +311,6 @@ def results_to_trace(plan: HashReplayPlan, results: Sequence[Any]) -> list[Reque
     return out
 
 
-def _percentile(xs: Sequence[float], q: float) -> float:
-    """numpy's default (linear) percentile, ``q`` in [0, 100]."""
-    s = sorted(xs)
-    if len(s) == 1:
-        return s[0]
-    k = (len(s) - 1) * q / 100
-    lo = math.floor(k)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
-
 def _stats(name: str, xs_s: Sequence[float], percentiles: Sequence[float]) -> dict[str, float]:
     xs = [x * 1000 for x in xs_s]
     d: dict[str, float] = {}
@@ -328,7 +319,7 @@ def _stats(name: str, xs_s: Sequence[float], percentiles: Sequence[float]) -> di
     d[f"std_{name}_ms"] = statistics.pstdev(xs) if xs else 0.0
     for p in percentiles:
         key = f"p{p:g}_{name}_ms"
-        d[key] = _percentile(xs, p) if xs else 0.0
+        d[key] = float(np.percentile(xs, p)) if xs else 0.0
     return d
 
 

@@ -132,6 +132,23 @@ def Fraction(default: float, description: str) -> Any:
     return Field(default=default, ge=0, le=1, description=description)
 
 
+def Seconds(default: float, description: str) -> Any:
+    """A positive, finite duration in seconds (e.g. a median think time)."""
+    return Field(default=default, gt=0, allow_inf_nan=False, description=description)
+
+
+def LogSpread(default: float, description: str) -> Any:
+    """A lognormal sigma (log-space spread) in [0, 5]."""
+    return Field(default=default, ge=0, le=5, description=description)
+
+
+def check_order(params: BaseModel, low: str, high: str) -> None:
+    """Refuse parameters whose ``low`` field exceeds their ``high`` field (min/max pairs)."""
+    lo, hi = getattr(params, low), getattr(params, high)
+    if lo > hi:
+        raise ValueError(f"{low} ({lo}) must be <= {high} ({hi})")
+
+
 # ----------------------------------------------------------------------------------------
 # seeded random streams and text
 

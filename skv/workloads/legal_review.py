@@ -14,10 +14,13 @@ from pydantic import Field, model_validator
 from skv.workloads.base import (
     Chat,
     Context,
+    LogSpread,
     Message,
+    Seconds,
     Tokens,
     WorkloadParams,
     ZipfSampler,
+    check_order,
     draw_length,
     plan_sessions,
     rng_for,
@@ -53,30 +56,14 @@ class LegalReviewParams(WorkloadParams):
     max_questions: int = Field(default=10, ge=1, description="most questions per case")
     question_tokens: int = Tokens(60, "mean question length")
     output_tokens: int = Tokens(300, "mean answer length")
-    think_time_median_s: float = Field(
-        default=30.0, gt=0, allow_inf_nan=False, description="median gap between questions (s)"
-    )
-    think_time_sigma: float = Field(
-        default=1.0, ge=0, le=5, description="log-space spread of the gap between questions"
-    )
+    think_time_median_s: float = Seconds(30.0, "median gap between questions (s)")
+    think_time_sigma: float = LogSpread(1.0, "log-space spread of the gap between questions")
 
     @model_validator(mode="after")
     def _consistent(self) -> LegalReviewParams:
-        if self.exhibits_per_question > self.exhibits_per_case:
-            raise ValueError(
-                f"exhibits_per_question ({self.exhibits_per_question}) must be <= "
-                f"exhibits_per_case ({self.exhibits_per_case})"
-            )
-        if self.clauses_per_question > self.clause_catalogue:
-            raise ValueError(
-                f"clauses_per_question ({self.clauses_per_question}) must be <= "
-                f"clause_catalogue ({self.clause_catalogue})"
-            )
-        if self.min_questions > self.max_questions:
-            raise ValueError(
-                f"min_questions ({self.min_questions}) must be <= max_questions "
-                f"({self.max_questions})"
-            )
+        check_order(self, "exhibits_per_question", "exhibits_per_case")
+        check_order(self, "clauses_per_question", "clause_catalogue")
+        check_order(self, "min_questions", "max_questions")
         return self
 
 

@@ -19,9 +19,12 @@ from skv.workloads.base import (
     Chat,
     Context,
     Fraction,
+    LogSpread,
     Message,
+    Seconds,
     Tokens,
     WorkloadParams,
+    check_order,
     draw_length,
     mixed_turns,
     plan_sessions,
@@ -41,19 +44,12 @@ class ChatParams(WorkloadParams):
     max_turns: int = Field(default=8, ge=1, description="most turns of a session")
     user_tokens: int = Tokens(80, "mean user-message length")
     answer_tokens: int = Tokens(250, "mean answer length")
-    think_time_median_s: float = Field(
-        default=9.8, gt=0, allow_inf_nan=False, description="median gap between turns (s)"
-    )
-    think_time_sigma: float = Field(
-        default=1.34, ge=0, le=5, description="log-space spread of the gap between turns"
-    )
+    think_time_median_s: float = Seconds(9.8, "median gap between turns (s)")
+    think_time_sigma: float = LogSpread(1.34, "log-space spread of the gap between turns")
 
     @model_validator(mode="after")
     def _turns_ordered(self) -> ChatParams:
-        if self.min_turns > self.max_turns:
-            raise ValueError(
-                f"min_turns ({self.min_turns}) must be <= max_turns ({self.max_turns})"
-            )
+        check_order(self, "min_turns", "max_turns")
         return self
 
 

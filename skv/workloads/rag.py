@@ -18,6 +18,7 @@ from skv.workloads.base import (
     Tokens,
     WorkloadParams,
     ZipfSampler,
+    check_order,
     draw_length,
     poisson_arrivals,
     rng_for,
@@ -49,11 +50,7 @@ class RagParams(WorkloadParams):
 
     @model_validator(mode="after")
     def _docs_fit(self) -> RagParams:
-        if self.docs_per_request > self.catalogue_size:
-            raise ValueError(
-                f"docs_per_request ({self.docs_per_request}) must be <= catalogue_size "
-                f"({self.catalogue_size})"
-            )
+        check_order(self, "docs_per_request", "catalogue_size")
         return self
 
 

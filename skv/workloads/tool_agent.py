@@ -20,10 +20,13 @@ from skv.workloads.base import (
     Chat,
     Context,
     Fraction,
+    LogSpread,
     Message,
+    Seconds,
     Tokens,
     WorkloadParams,
     ZipfSampler,
+    check_order,
     draw_length,
     plan_sessions,
     rng_for,
@@ -56,19 +59,12 @@ class ToolAgentParams(WorkloadParams):
     )
     reread_prob: float = Fraction(0.2, "chance a step repeats an earlier call of its session")
     answer_tokens: int = Tokens(150, "mean final-answer length")
-    think_time_median_s: float = Field(
-        default=2.0, gt=0, allow_inf_nan=False, description="median gap between steps (s)"
-    )
-    think_time_sigma: float = Field(
-        default=0.8, ge=0, le=5, description="log-space spread of the gap between steps"
-    )
+    think_time_median_s: float = Seconds(2.0, "median gap between steps (s)")
+    think_time_sigma: float = LogSpread(0.8, "log-space spread of the gap between steps")
 
     @model_validator(mode="after")
     def _steps_ordered(self) -> ToolAgentParams:
-        if self.min_steps > self.max_steps:
-            raise ValueError(
-                f"min_steps ({self.min_steps}) must be <= max_steps ({self.max_steps})"
-            )
+        check_order(self, "min_steps", "max_steps")
         return self
 
 

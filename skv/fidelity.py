@@ -37,6 +37,7 @@ from skv.model import Request, Segment, SemanticType
 
 #: config keys and their defaults (experiments/fidelity/fidelity_vllm.yaml pins them)
 DEFAULTS: dict[str, Any] = {
+    "title": "Simulator fidelity: one vLLM CPU engine",  # the figure's title
     "seed": 7,
     "num_requests": 80,
     "num_docs": 24,
@@ -347,42 +348,61 @@ def run_fidelity(config: dict[str, Any] | str | Path | None = None) -> dict[str,
 
 
 def fidelity_figure(result: dict[str, Any]):
-    """Two panels: measured vs simulated cached tokens per request (request order), and
-    measured vs fitted TTFT."""
-    from skv.plotstyle import figure, line_style, paper_style
+    """Two panels, measured values as markers over the simulated/fitted values as a line:
+    cached tokens per request (skv's ``vllm`` policy vs the engine, request order), and measured
+    TTFT against the fitted latency model (the line y = x is the model)."""
+    from skv.figures import _wrap
+    from skv.plotstyle import OKABE_ITO, figure, paper_style
 
     rows = result["per_request"]
+    title = (result.get("config") or {}).get("title") or DEFAULTS["title"]
+    measured_style = {
+        "linestyle": "none",
+        "marker": "o",
+        "markersize": 3.2,
+        "markerfacecolor": "none",
+        "markeredgecolor": OKABE_ITO["vermillion"],
+        "markeredgewidth": 0.8,
+        "zorder": 3,
+    }
+    line_style = {"color": OKABE_ITO["blue"], "linewidth": 1.0, "zorder": 2}
     with paper_style():
-        fig = figure("text", 2.4)
+        fig = figure("text", 2.5)
         ax1, ax2 = fig.subplots(1, 2)
         x = list(range(len(rows)))
         ax1.plot(
             x,
-            [r["measured_cached_tokens"] or 0 for r in rows],
-            label="vLLM (measured)",
-            **{**line_style(0), "linestyle": "-"},
+            [r["simulated_cached_tokens"] for r in rows],
+            label="skv vllm (simulated)",
+            drawstyle="steps-mid",
+            **line_style,
         )
         ax1.plot(
             x,
-            [r["simulated_cached_tokens"] for r in rows],
-            label="skv vllm (simulated)",
-            **{**line_style(1), "linestyle": "--"},
+            [r["measured_cached_tokens"] or 0 for r in rows],
+            label="vLLM engine (measured)",
+            **measured_style,
         )
-        ax1.set_xlabel("request")
+        ax1.set_xlabel("request (arrival order)")
         ax1.set_ylabel("cached tokens")
         ax1.set_title(
-            f"hit rate {100 * result['measured_hit_rate']:.1f}% vs "
-            f"{100 * result['simulated_hit_rate']:.1f}% "
-            f"(gap {result['hit_rate_gap_pts']:.2f} pts)",
+            _wrap(
+                f"{title}: token hit rate {100 * result['measured_hit_rate']:.1f}% measured, "
+                f"{100 * result['simulated_hit_rate']:.1f}% simulated "
+                f"(gap {result['hit_rate_gap_pts']:.2f} pts)",
+                70,
+            ),
             fontsize="small",
         )
-        ax1.legend(fontsize="x-small")
+        ax1.legend(fontsize="x-small", frameon=False, loc="upper center",
+                   bbox_to_anchor=(0.5, -0.2), ncols=2)  # fmt: skip
         meas = [r["ttft_ms"] for r in rows]
         pred = [r["predicted_ttft_ms"] for r in rows]
-        ax2.scatter(pred, meas, s=8, color=line_style(0).get("color"))
         lo, hi = min(meas + pred), max(meas + pred)
-        ax2.plot([lo, hi], [lo, hi], color="grey", linewidth=0.8, linestyle=":")
+        ax2.plot([lo, hi], [lo, hi], label="fitted model (y = x)", **line_style)
+        ax2.plot(pred, meas, label="vLLM engine (measured)", **measured_style)
         ax2.set_xlabel("fitted TTFT (ms)")
         ax2.set_ylabel("measured TTFT (ms)")
         ax2.set_title(f"TTFT fit $R^2$ = {result['latency_r2']:.3f}", fontsize="small")
+        ax2.legend(fontsize="x-small", frameon=False, loc="upper left")
     return fig

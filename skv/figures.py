@@ -4,7 +4,9 @@ A notebook is a recipe: it runs an experiment or a replay through this module, d
 saves with :func:`skv.plotstyle.save_figure` and records the numbers the paper states with
 :func:`write_claims`. Nothing here simulates on its own: runs go through
 :mod:`skv.experiments` (serving simulator) and :mod:`skv.replay` (cache-only replay).
-Plotting functions read results documents and tables, never simulator objects.
+Plotting functions read results documents and tables, never simulator objects. Every one takes
+``highlight`` (the policies the figure is about, drawn in colour; the rest grey; ``None`` colours
+all) and titles a figure with the config's human ``title``, never a raw id.
 """
 
 from __future__ import annotations
@@ -22,7 +24,16 @@ import pandas as pd
 import yaml
 from matplotlib.figure import Figure
 
-from skv.plotstyle import bar_style, figure, line_style, paper_style
+from skv.plotstyle import (
+    DEFAULT_HIGHLIGHT,
+    figure,
+    highlighted,
+    order_highlighted_last,
+    paper_style,
+    plain_ticks,
+    policy_style,
+    type_style,
+)
 
 CLAIMS_FILE = "claims.json"
 
@@ -101,13 +112,46 @@ def _label(rec: dict[str, Any]) -> str:
     return f"{rec['policy']} (offline)" if rec["offline"] else rec["policy"]
 
 
-def policy_comparison(docs: Sequence[dict[str, Any]]) -> Figure:
+def experiment_title(doc: dict[str, Any]) -> str:
+    """The config's ``title`` (documents written before titles existed: the id, humanised)."""
+    from skv.experiments.config import humanise_id
+
+    return (doc.get("config") or {}).get("title") or humanise_id(str(doc["experiment"]))
+
+
+def _wrap(text: str, width: int) -> str:
+    return "\n".join(textwrap.wrap(text, width, break_on_hyphens=False)) or text
+
+
+def _yerr(stats: Sequence[dict[str, Any]]) -> list[list[float]] | None:
+    """Asymmetric error bars (mean - low, high - mean) from 95% intervals; None with no
+    interval anywhere (one seed)."""
+    lows, highs = [], []
+    for st in stats:
+        if st.get("ci95_low") is None or (st.get("n") or 0) < 2:
+            lows.append(0.0)
+            highs.append(0.0)
+        else:
+            lows.append(max(0.0, st["mean"] - st["ci95_low"]))
+            highs.append(max(0.0, st["ci95_high"] - st["mean"]))
+    return [lows, highs] if any(lows) or any(highs) else None
+
+
+def _rec_key(rec: dict[str, Any]) -> tuple[str, str]:
+    return rec["policy"], rec["policy_name"]
+
+
+def policy_comparison(
+    docs: Sequence[dict[str, Any]], highlight: Sequence[str] | None = DEFAULT_HIGHLIGHT
+) -> Figure:
     """Two rows (mean TTFT, token hit rate), one column per experiment, at each experiment's
-    tightest capacity; bars = across-seed mean with 95% CI; the dashed line in the hit-rate row
-    is Belady's (offline) hit rate, the bound online policies are measured against."""
+    tightest capacity; bars = across-seed mean with its 95% bootstrap interval; the dashed line
+    in the hit-rate row is Belady's (offline) hit rate, the bound online policies are measured
+    against. ``highlight``: the policies in colour (the rest grey, told apart by hatch)."""
     with paper_style():
-        fig = figure("text", 3.8)
+        fig = figure("text", 3.9)
         axes = fig.subplots(2, len(docs), squeeze=False)
+        legend: dict[str, Any] = {}
         for col, doc in enumerate(docs):
             cap = tightest_capacity(doc)
             recs = _recs(doc, cap)
@@ -115,59 +159,82 @@ def policy_comparison(docs: Sequence[dict[str, Any]]) -> Figure:
                 (("ttft_ms_mean", "mean TTFT (ms, sim.)"), ("token_hit_rate", "token hit rate"))
             ):
                 ax = axes[row][col]
+                stats = [r[metric] for r in recs]
+                err = _yerr(stats)
                 for i, r in enumerate(recs):
-                    s = r[metric]
-                    half = 0.0 if s["ci95_high"] is None else s["ci95_high"] - s["mean"]
-                    ax.bar(
+                    bars = ax.bar(
                         i,
-                        s["mean"],
+                        stats[i]["mean"],
                         0.8,
-                        yerr=half,
+                        yerr=None if err is None else [[err[0][i]], [err[1][i]]],
                         capsize=1.5,
-                        ecolor="0.0",
-                        linewidth=0.5,
+                        error_kw={"elinewidth": 0.6, "ecolor": "0.2"},
                         label=_label(r),
-                        **bar_style(i, r["offline"]),
+                        **policy_style(
+                            r["policy"],
+                            name=r["policy_name"],
+                            kind="bar",
+                            offline=r["offline"],
+                            highlight=highlight,
+                        ),
                     )
+                    legend.setdefault(_label(r), bars)
                 bel = [r for r in recs if r["policy_name"] == "belady"]
                 if metric == "token_hit_rate" and bel:
                     ax.axhline(bel[0][metric]["mean"], color="0.0", linestyle="--", linewidth=0.8)
                 ax.set_xticks([])
+                plain_ticks(ax.yaxis)
                 if col == 0:
                     ax.set_ylabel(ylabel)
                 if row == 0:
-                    name = textwrap.fill(doc["experiment"].replace("_", " "), 20)
-                    ax.set_title(f"{name}\n(capacity {cap})", fontsize=6.5)
-        handles, labels = axes[1][0].get_legend_handles_labels()
-        fig.legend(handles, labels, loc="lower center", ncols=min(8, len(labels)), frameon=False)
+                    ax.set_title(_wrap(experiment_title(doc), 22), fontsize=6.5)
+                else:
+                    ax.set_xlabel(f"policies, capacity {cap}", fontsize=6)
+        fig.legend(
+            list(legend.values()),
+            list(legend),
+            loc="lower center",
+            ncols=min(8, len(legend)),
+            frameon=False,
+        )
         fig.set_layout_engine("tight", rect=(0, 0.07, 1, 1))
     return fig
 
 
-def evictions_by_type(doc: dict[str, Any], capacity: str | None = None) -> Figure:
-    """Stacked bars: mean evicted blocks per semantic type, one bar per policy."""
+def evictions_by_type(
+    doc: dict[str, Any],
+    capacity: str | None = None,
+    highlight: Sequence[str] | None = DEFAULT_HIGHLIGHT,
+) -> Figure:
+    """Stacked bars: mean evicted blocks per semantic type (fixed colour per type), one bar per
+    policy; policies outside ``highlight`` have grey names."""
     cap = capacity or tightest_capacity(doc)
     recs = _recs(doc, cap)
     types = sorted({t for r in recs for t in r["evictions_by_type"]})
     with paper_style():
-        fig = figure("column", 2.4)
+        fig = figure("column", 2.6)
         ax = fig.add_subplot()
         bottom = [0.0] * len(recs)
-        for k, t in enumerate(types):
+        for t in types:
             vals = [r["evictions_by_type"].get(t, 0.0) for r in recs]
-            ax.bar(
-                range(len(recs)), vals, 0.7, bottom=bottom, label=t, linewidth=0.5, **bar_style(k)
-            )
+            ax.bar(range(len(recs)), vals, 0.7, bottom=bottom, label=t, **type_style(t))
             bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
         ax.set_xticks(range(len(recs)), [_label(r) for r in recs], rotation=35, ha="right")
-        ax.set_ylabel("evicted blocks")
-        ax.set_title(f"{doc['experiment']} (capacity {cap})", fontsize=7)
-        ax.legend(frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        for tick, r in zip(ax.get_xticklabels(), recs, strict=True):
+            if not highlighted(*_rec_key(r), highlight):
+                tick.set_color("0.5")
+        plain_ticks(ax.yaxis)
+        ax.set_xlabel("policy")
+        ax.set_ylabel("evicted blocks (seed mean)")
+        ax.set_title(_wrap(f"{experiment_title(doc)}, capacity {cap}", 40), fontsize=7)
+        if types:
+            ax.legend(frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=6)
     return fig
 
 
 def adaptive_weights(doc: dict[str, Any], capacity: str | None = None) -> Figure:
-    """Learned per-type weights of the adaptive policy over simulated time (first seed)."""
+    """Learned per-type weights of the adaptive policy over simulated time (first seed); fixed
+    colour and marker per semantic type, log scale with plain tick labels."""
     cap = capacity or tightest_capacity(doc)
     series = [s for s in doc["series"]["weights"] if s["capacity"] == cap]
     if not series:
@@ -175,36 +242,67 @@ def adaptive_weights(doc: dict[str, Any], capacity: str | None = None) -> Figure
     s = series[0]
     keys = sorted(k for k in s if k.startswith("w_"))
     with paper_style():
-        fig = figure("column", 2.3)
+        fig = figure("column", 2.7)
         ax = fig.add_subplot()
         every = max(1, len(s["time_s"]) // 12)
-        for i, k in enumerate(keys):
-            ax.plot(s["time_s"], s[k], label=k[2:], markevery=every, **line_style(i))
+        for k in keys:
+            style = type_style(k[2:], kind="line")
+            ax.plot(s["time_s"], s[k], label=k[2:], markevery=every, **style)
         ax.set_yscale("log")
+        plain_ticks(ax.yaxis, log=True)
         ax.set_xlabel("simulated time (s)")
-        ax.set_ylabel("type weight")
-        ax.set_title(f"{s['policy']}, {doc['experiment']} (capacity {cap})", fontsize=7)
-        ax.legend(frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        ax.set_ylabel("type weight (log scale)")
+        ax.set_title(
+            _wrap(f"{s['policy']} weights: {experiment_title(doc)}, capacity {cap}", 48),
+            fontsize=7,
+        )
+        ax.legend(
+            frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncols=3, fontsize=6
+        )
     return fig
 
 
-def memory_utilisation(doc: dict[str, Any], capacity: str | None = None) -> Figure:
-    """Cached / usable blocks over simulated time, one line per policy (first seed)."""
+def memory_utilisation(
+    doc: dict[str, Any],
+    capacity: str | None = None,
+    highlight: Sequence[str] | None = DEFAULT_HIGHLIGHT,
+) -> Figure:
+    """Cached / usable blocks over simulated time, one line per policy (first seed); the
+    ``highlight`` policies in colour, drawn on top of the grey rest."""
     cap = capacity or tightest_capacity(doc)
     series = [s for s in doc["series"]["memory"] if s["capacity"] == cap and s["time_s"]]
+    names = {r["policy"]: r["policy_name"] for r in doc["aggregate"]}
     offline = {r["policy"]: r["offline"] for r in doc["aggregate"]}
+    series = order_highlighted_last(
+        series, lambda s: (s["policy"], names.get(s["policy"])), highlight
+    )
     with paper_style():
-        fig = figure("column", 2.3)
+        fig = figure("column", 2.6)
         ax = fig.add_subplot()
-        for i, s in enumerate(series):
-            style = {**line_style(i, offline.get(s["policy"], False))}
+        handles = {}
+        for s in series:
+            pol = s["policy"]
+            style = policy_style(
+                pol, name=names.get(pol), offline=offline.get(pol, False), highlight=highlight
+            )
             style["markevery"] = max(1, len(s["time_s"]) // 10)
-            ax.plot(s["time_s"], s["utilisation"], label=s["policy"], **style)
+            label = f"{pol} (offline)" if offline.get(pol) else pol
+            (handles[label],) = ax.plot(s["time_s"], s["utilisation"], label=label, **style)
         ax.set_ylim(0, 1.05)
         ax.set_xlabel("simulated time (s)")
         ax.set_ylabel("cache utilisation")
-        ax.set_title(f"{doc['experiment']} (capacity {cap})", fontsize=7)
-        ax.legend(frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        ax.set_title(_wrap(f"{experiment_title(doc)}, capacity {cap}", 48), fontsize=7)
+        order = [s["policy"] for s in doc["series"]["memory"] if s["capacity"] == cap]
+        labels = [k for p in dict.fromkeys(order) for k in handles if k.split(" ")[0] == p]
+        ax.legend(
+            [handles[k] for k in labels],
+            labels,
+            frameon=False,
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.22),
+            ncols=3,
+            fontsize=6,
+        )
     return fig
 
 
@@ -244,10 +342,14 @@ def write_table(df: pd.DataFrame, out_dir: str | Path, name: str, digits: int = 
 
 def load_replay_config(path: str | Path, *, quick: bool) -> dict[str, Any]:
     """A replay config (``experiments/replay/*.yaml``): ``trace``, ``format_options``,
-    ``policies``, ``capacities``, ``max_requests``; its ``quick:`` mapping overrides them."""
+    ``policies``, ``capacities``, ``max_requests``, ``title`` (what its figure is called;
+    default: the id, humanised); its ``quick:`` mapping overrides them."""
+    from skv.experiments.config import humanise_id
+
     data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     allowed = {
         "id",
+        "title",
         "description",
         "trace",
         "format_options",
@@ -266,6 +368,9 @@ def load_replay_config(path: str | Path, *, quick: bool) -> dict[str, Any]:
         data.update(over)
     data.setdefault("format_options", {})
     data.setdefault("max_requests", None)
+    data["title"] = str(data.get("title") or "").strip() or humanise_id(
+        str(data.get("id") or Path(path).stem)
+    )
     return data
 
 
@@ -301,22 +406,30 @@ def _share(spec: str) -> float:
     return float(s[:-1]) / 100.0
 
 
-def hit_rate_vs_capacity(df: pd.DataFrame, title: str, metric: str = "block_hit_rate") -> Figure:
-    """One line per policy (Belady dotted, offline) and the infinite-cache ceiling (dashed)."""
+def hit_rate_vs_capacity(
+    df: pd.DataFrame,
+    title: str,
+    metric: str = "block_hit_rate",
+    highlight: Sequence[str] | None = DEFAULT_HIGHLIGHT,
+) -> Figure:
+    """One line per policy (Belady dotted, offline) and the infinite-cache ceiling (dashed);
+    ``highlight`` policies in colour on top of the grey rest, legend in the trace's order.
+    ``title``: the replay config's ``title``."""
     from skv.policies.registry import OFFLINE
 
     with paper_style():
         fig = figure("column", 2.9)
         ax = fig.add_subplot()
         policies = list(dict.fromkeys(df["policy"]))
-        for i, pol in enumerate(policies):
+        handles = {}
+        for pol in order_highlighted_last(policies, lambda p: (p, None), highlight):
             d = df[df["policy"] == pol].sort_values("capacity_share")
             off = pol in OFFLINE
-            ax.plot(
+            (handles[pol],) = ax.plot(
                 100 * d["capacity_share"],
                 d[metric],
                 label=f"{pol} (offline)" if off else pol,
-                **line_style(i, off),
+                **policy_style(pol, offline=off, highlight=highlight),
             )
         ceiling = float(df[f"ceiling_{metric}"].iloc[0])
         ax.axhline(ceiling, color="0.0", linestyle="--", linewidth=0.8)
@@ -335,8 +448,15 @@ def hit_rate_vs_capacity(df: pd.DataFrame, title: str, metric: str = "block_hit_
         ax.set_ylim(0, None)
         ax.set_xlabel("capacity (% of unique blocks)")
         ax.set_ylabel(metric.replace("_", " "))
-        ax.set_title(title, fontsize=7)
-        ax.legend(frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncols=3)
+        ax.set_title(_wrap(title, 48), fontsize=7)
+        ax.legend(
+            [handles[p] for p in policies],
+            [handles[p].get_label() for p in policies],
+            frameon=False,
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.25),
+            ncols=3,
+        )
     return fig
 
 

@@ -1,21 +1,36 @@
-"""One plot style for every skv figure: greyscale-safe, sized for a two-column paper.
+"""One plot style for every skv figure, and the check every figure passes before it is saved.
 
-Policies are told apart by grey level *and* hatch (bars) or dash pattern *and* marker (lines),
-so a figure reads the same printed in black and white. Offline reference policies (Belady) are
-white bars with a cross hatch. :mod:`skv.experiments.plots` (per-run PNGs) and the paper
-figures (:mod:`skv.figures`, PDF + PNG) share these constants.
+Policies are told apart by a colour-blind-safe colour (Okabe & Ito) *and* a marker (lines) or
+hatch (bars), fixed per policy NAME (:data:`POLICY_STYLES`), so ``lru`` looks the same in every
+figure. A figure highlights the policies it is about (:data:`DEFAULT_HIGHLIGHT`) in colour and
+draws the rest in grey, each keeping its marker or hatch. Semantic types have fixed colours too
+(:func:`type_style`). Offline reference policies (Belady) are dotted lines or cross-hatched bars.
+:mod:`skv.experiments.plots` (per-run PNGs) and the paper figures (:mod:`skv.figures`, PDF +
+PNG) share these constants.
+
+:func:`check_figure` (called by :func:`save_figure` and the per-run plots) rejects a figure whose
+data axes lack labels, whose labelled series are not all in a legend, or whose text (titles,
+labels, tick labels, legends, notes) reaches outside the canvas after layout.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+import zlib
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import matplotlib
+import matplotlib.ticker
+from matplotlib.axes import Axes
+from matplotlib.axis import Axis
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.text import Text
+
+log = logging.getLogger(__name__)
 
 #: widths of an ACM/IEEE two-column page, inches
 COLUMN_WIDTH_IN = 3.33
@@ -56,35 +71,163 @@ PAPER_STYLE: dict[str, Any] = {
     "pdf.fonttype": 42,
     "ps.fonttype": 42,
 }
-GREYS = ("0.15", "0.5", "0.8", "0.3", "0.65", "0.95", "0.4", "0.9")
-HATCHES = ("", "//", "..", "\\\\", "xx", "--", "++", "oo", "**", "||")
-LINESTYLES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1)), (0, (1, 1)), (0, (3, 1, 3, 3)))
-MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
-OFFLINE_STYLE = {"color": "white", "hatch": "xxx", "edgecolor": "0.1"}
+#: Okabe & Ito (2008), "Color Universal Design": distinguishable with every common colour-vision
+#: deficiency. Yellow is left out of the policy colours (too pale on white).
+OKABE_ITO: dict[str, str] = {
+    "black": "#000000",
+    "orange": "#E69F00",
+    "sky_blue": "#56B4E9",
+    "green": "#009E73",
+    "yellow": "#F0E442",
+    "blue": "#0072B2",
+    "vermillion": "#D55E00",
+    "purple": "#CC79A7",
+}
+#: the colour of policies a figure is not about (lines), and the fill of their bars
+GREY_LINE = "0.6"
+GREY_FILL = "0.86"
+#: the policies a figure is about unless told otherwise: the seed's thesis, the baseline and
+#: the offline reference
+DEFAULT_HIGHLIGHT: tuple[str, ...] = ("adaptive_semantic", "lru", "belady")
+#: policy name -> (colour, marker, hatch); no two policies share both colour and marker
+POLICY_STYLES: dict[str, tuple[str, str, str]] = {
+    "adaptive_semantic": (OKABE_ITO["vermillion"], "o", ""),
+    "lru": (OKABE_ITO["blue"], "s", "//"),
+    "belady": (OKABE_ITO["black"], "X", "xxx"),
+    "static_semantic": (OKABE_ITO["purple"], "D", "\\\\"),
+    "vllm": (OKABE_ITO["green"], "^", "++"),
+    "fifo": (OKABE_ITO["orange"], "v", "--"),
+    "lfu": (OKABE_ITO["sky_blue"], "P", ".."),
+    "size_lru": (OKABE_ITO["blue"], "<", "||"),
+    "gdsf": (OKABE_ITO["orange"], "*", "oo"),
+    "slru": (OKABE_ITO["sky_blue"], ">", "**"),
+    "sglang_lru": (OKABE_ITO["green"], "h", "/"),
+    "sglang_lfu": (OKABE_ITO["purple"], "d", "O"),
+}
+_SPARE_COLOURS = tuple(c for k, c in OKABE_ITO.items() if k != "yellow")
+_SPARE_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "d", "p", "8")
+_SPARE_HATCHES = ("//", "..", "\\\\", "xx", "--", "++", "oo", "**", "||", "/", "\\")
+#: semantic type -> (colour, hatch, marker), fixed across figures (bars stack, lines cross)
+TYPE_STYLES: dict[str, tuple[str, str, str]] = {
+    "system": (OKABE_ITO["blue"], "", "s"),
+    "tool_schema": (OKABE_ITO["orange"], "//", "^"),
+    "template": (OKABE_ITO["sky_blue"], "..", "D"),
+    "retrieved_context": (OKABE_ITO["green"], "", "o"),
+    "tool_output": (OKABE_ITO["vermillion"], "\\\\", "v"),
+    "code": (OKABE_ITO["purple"], "xx", "P"),
+    "legal_evidence": (OKABE_ITO["yellow"], "", "X"),
+    "assistant_history": (OKABE_ITO["black"], "", "*"),
+    "reasoning": (OKABE_ITO["purple"], "..", "<"),
+    "user_query": (OKABE_ITO["sky_blue"], "", ">"),
+    "output": (OKABE_ITO["orange"], "", "h"),
+    "unknown": ("0.55", "", "d"),
+}
 
 
-def bar_style(i: int, offline: bool = False) -> dict[str, Any]:
-    """Fill, hatch and edge of the i-th bar series."""
-    if offline:
-        return dict(OFFLINE_STYLE)
+def _fixed(name: str) -> tuple[str, str, str]:
+    """A stable (colour, marker, hatch) for a name no table lists (crc32, not ``hash``, so it
+    is the same in every process)."""
+    h = zlib.crc32(name.encode("utf-8"))
+    return (
+        _SPARE_COLOURS[h % len(_SPARE_COLOURS)],
+        _SPARE_MARKERS[(h // 7) % len(_SPARE_MARKERS)],
+        _SPARE_HATCHES[(h // 101) % len(_SPARE_HATCHES)],
+    )
+
+
+def _policy_entry(policy: str, name: str | None) -> tuple[str, str, str]:
+    if policy in POLICY_STYLES:
+        return POLICY_STYLES[policy]
+    if name in POLICY_STYLES:  # a variant (label) of a known policy: its colour, its own marker
+        colour, _, _ = POLICY_STYLES[name]  # type: ignore[index]
+        _, marker, hatch = _fixed(policy)
+        return colour, marker, hatch
+    return _fixed(policy)
+
+
+def highlighted(
+    policy: str, name: str | None = None, highlight: Collection[str] | None = DEFAULT_HIGHLIGHT
+) -> bool:
+    """Whether a figure drawing ``highlight`` shows ``policy`` (a key or its base ``name``) in
+    colour; ``highlight=None`` colours every policy."""
+    return highlight is None or policy in highlight or (name is not None and name in highlight)
+
+
+def policy_style(
+    policy: str,
+    *,
+    name: str | None = None,
+    kind: str = "line",
+    offline: bool | None = None,
+    highlight: Collection[str] | None = DEFAULT_HIGHLIGHT,
+) -> dict[str, Any]:
+    """Keyword arguments for ``ax.plot`` (``kind="line"``) or ``ax.bar`` (``"bar"``) of one
+    policy: its fixed colour and marker/hatch when highlighted, grey (same marker/hatch)
+    otherwise. ``name`` is the base policy of a labelled variant; ``offline`` defaults to
+    whether the policy is Belady."""
+    colour, marker, hatch = _policy_entry(policy, name)
+    if offline is None:
+        offline = "belady" in (policy, name)
+    on = highlighted(policy, name, highlight)
+    if kind == "bar":
+        if offline:
+            return {
+                "color": "white",
+                "hatch": "xxx",
+                "edgecolor": colour if on else GREY_LINE,
+                "linewidth": 0.6,
+            }
+        if on:
+            return {"color": colour, "hatch": "", "edgecolor": "0.1", "linewidth": 0.5}
+        return {"color": GREY_FILL, "hatch": hatch, "edgecolor": "0.45", "linewidth": 0.5}
+    if kind != "line":
+        raise ValueError(f"policy_style: kind {kind!r}; use 'line' or 'bar'")
     return {
-        "color": GREYS[i % len(GREYS)],
-        "hatch": HATCHES[(i // len(GREYS) + i) % len(HATCHES)],
-        "edgecolor": "0.1",
+        "color": colour if on else GREY_LINE,
+        "marker": marker,
+        "markersize": 4.0 if on else 3.0,
+        "linestyle": ":" if offline else "-",
+        "linewidth": 1.4 if on else 0.8,
+        "zorder": 3 if on else 2,
     }
 
 
-def line_style(i: int, offline: bool = False) -> dict[str, Any]:
-    """Grey level, dash pattern and marker of the i-th line series."""
-    if offline:
-        return {"color": "0.0", "linestyle": (0, (1, 1)), "marker": "x", "markersize": 3.5}
-    return {
-        "color": str(round(0.55 * (i % 3) / 2, 2)),
-        "linestyle": LINESTYLES[i % len(LINESTYLES)],
-        "marker": MARKERS[i % len(MARKERS)],
-        "markersize": 3.5,
-        "linewidth": 1.2,
-    }
+def type_style(semantic_type: str, *, kind: str = "bar") -> dict[str, Any]:
+    """Fixed colour and hatch (bars) or marker (lines) of a semantic type."""
+    if semantic_type in TYPE_STYLES:
+        colour, hatch, marker = TYPE_STYLES[semantic_type]
+    else:
+        colour, marker, hatch = _fixed(semantic_type)
+    if kind == "bar":
+        return {"color": colour, "hatch": hatch, "edgecolor": "0.15", "linewidth": 0.4}
+    return {"color": colour, "marker": marker, "markersize": 3.5, "linewidth": 1.2}
+
+
+def order_highlighted_last(
+    items: list[Any], key: Any, highlight: Collection[str] | None = DEFAULT_HIGHLIGHT
+) -> list[Any]:
+    """``items`` with the highlighted ones last (drawn on top of the grey ones), order kept
+    otherwise; ``key(item)`` gives (policy, name)."""
+    grey = [i for i in items if not highlighted(*key(i), highlight)]
+    return grey + [i for i in items if highlighted(*key(i), highlight)]
+
+
+def _plain_number(v: float, _pos: Any = None) -> str:
+    if v == 0:
+        return "0"
+    if abs(v) >= 1000 and float(v).is_integer():
+        return f"{v:,.0f}"
+    return f"{v:g}"
+
+
+def plain_ticks(axis: Axis, *, log: bool = False) -> None:
+    """Plain numbers on an axis (``0.5  1  2  5``, ``20,000``), never ``6 x 10^-1`` or an
+    offset; on a log axis majors at 1-2-5 steps and no minor labels."""
+    if log:
+        axis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axis.set_minor_locator(matplotlib.ticker.NullLocator())
+    axis.set_major_formatter(matplotlib.ticker.FuncFormatter(_plain_number))
+    axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
 
 
 def figure(width: float | str = "column", height: float = 2.2) -> Figure:
@@ -101,13 +244,187 @@ def paper_style() -> Iterator[None]:
         yield
 
 
+# ----------------------------------------------------------------------------------------
+# the check every figure passes before it is saved
+
+#: set on an axes that needs no axis labels (an image, a table, a text panel)
+EXEMPT_ATTR = "_skv_no_axis_labels"
+#: how far (pixels) a text may poke past the canvas edge before it counts as clipped
+CLIP_TOLERANCE_PX = 0.5
+
+
+def exempt_axes(ax: Axes, reason: str) -> None:
+    """Mark ``ax`` as needing no x/y labels (say why: an image, a table, a text panel)."""
+    setattr(ax, EXEMPT_ATTR, reason)
+
+
+def _axes_name(fig: Figure, ax: Axes) -> str:
+    title = ax.get_title() or ax.get_title("left") or ax.get_title("right")
+    return f"axes {fig.axes.index(ax)}" + (f" ({title.splitlines()[0]!r})" if title else "")
+
+
+def _needs_labels(ax: Axes) -> bool:
+    if getattr(ax, EXEMPT_ATTR, None) or not ax.axison or not ax.get_visible():
+        return False
+    if ax.images and not (ax.lines or ax.collections or ax.patches):
+        return False  # an image axes
+    return ax.has_data()
+
+
+def _grid_siblings(ax: Axes, which: str) -> list[Axes]:
+    """Axes of the same grid in the same column (``which="x"``) or row (``"y"``): a grid labels
+    a column's x axis once (bottom row) and a row's y axis once (left column)."""
+    spec = ax.get_subplotspec()
+    if spec is None:
+        return []
+    grid = spec.get_gridspec()
+    span = spec.colspan if which == "x" else spec.rowspan
+    out = []
+    for other in ax.figure.axes:
+        o = other.get_subplotspec()
+        if o is None or o.get_gridspec() is not grid:
+            continue
+        if (o.colspan if which == "x" else o.rowspan) == span:
+            out.append(other)
+    return out
+
+
+def _has_label(fig: Figure, ax: Axes, which: str) -> bool:
+    """A label on the axis itself, on an axes sharing it or in the same grid column (x) / row
+    (y), or a figure-wide sup-label."""
+    sup = fig.get_supxlabel() if which == "x" else fig.get_supylabel()
+    if sup:
+        return True
+    group = ax.get_shared_x_axes() if which == "x" else ax.get_shared_y_axes()
+    for other in [*group.get_siblings(ax), *_grid_siblings(ax, which)]:
+        label = other.get_xlabel() if which == "x" else other.get_ylabel()
+        if label.strip():
+            return True
+    return False
+
+
+def _label_problems(fig: Figure) -> list[str]:
+    out = []
+    for ax in fig.axes:
+        if not _needs_labels(ax):
+            continue
+        missing = [w for w in ("x", "y") if not _has_label(fig, ax, w)]
+        if missing:
+            out.append(f"{_axes_name(fig, ax)} has data but no {' or '.join(missing)} label")
+    return out
+
+
+def _legend_problems(fig: Figure) -> list[str]:
+    """Every labelled series must be in some legend once the figure (or one axes) has more
+    than one; a figure-wide legend counts for every axes."""
+    shown: set[str] = set()
+    for leg in [*fig.legends, *(ax.get_legend() for ax in fig.axes)]:
+        if leg is not None and leg.get_visible():
+            shown |= {t.get_text() for t in leg.get_texts()}
+    per_axes = {ax: ax.get_legend_handles_labels()[1] for ax in fig.axes}
+    everything = {label for labels in per_axes.values() for label in labels}
+    if len(everything) < 2 and all(len(v) < 2 for v in per_axes.values()):
+        return []
+    out = []
+    for ax, labels in per_axes.items():
+        missing = [label for label in dict.fromkeys(labels) if label not in shown]
+        if missing:
+            out.append(
+                f"{_axes_name(fig, ax)} has {len(set(labels))} labelled series but no legend "
+                f"shows {missing}"
+            )
+    return out
+
+
+def _texts(fig: Figure) -> list[tuple[str, Any]]:
+    """(what, artist) for every text-bearing artist that is drawn."""
+    items: list[tuple[str, Any]] = []
+    for t in fig.texts:
+        items.append((f"figure text {t.get_text()[:40]!r}", t))
+    for what, t in (
+        ("suptitle", getattr(fig, "_suptitle", None)),
+        ("figure x label", getattr(fig, "_supxlabel", None)),
+        ("figure y label", getattr(fig, "_supylabel", None)),
+    ):
+        if t is not None:
+            items.append((what, t))
+    for leg in fig.legends:
+        items.append(("figure legend", leg))
+    for ax in fig.axes:
+        if not ax.get_visible():
+            continue
+        name = _axes_name(fig, ax)
+        for loc in ("center", "left", "right"):
+            t = {"center": ax.title, "left": ax._left_title, "right": ax._right_title}[loc]
+            items.append((f"title of {name}", t))
+        if ax.axison:
+            items.append((f"x axis (label or tick labels) of {name}", ax.xaxis))
+            items.append((f"y axis (label or tick labels) of {name}", ax.yaxis))
+        for t in ax.texts:
+            items.append((f"text {t.get_text()[:40]!r} in {name}", t))
+        if ax.get_legend() is not None:
+            items.append((f"legend of {name}", ax.get_legend()))
+    return items
+
+
+def _clip_problems(fig: Figure) -> list[str]:
+    if not isinstance(fig.canvas, FigureCanvasAgg):
+        FigureCanvasAgg(fig)
+    fig.canvas.draw()  # runs the layout engine: extents are those of the saved figure
+    renderer = fig.canvas.get_renderer()
+    W, H = fig.bbox.width, fig.bbox.height
+    tol = CLIP_TOLERANCE_PX
+    out = []
+    for what, artist in _texts(fig):
+        if not artist.get_visible():
+            continue
+        if isinstance(artist, Text) and not artist.get_text().strip():
+            continue
+        if isinstance(artist, Text) and artist.get_wrap():
+            out.append(f"{what} uses wrap=True (its extent is unknown before drawing; wrap it)")
+            continue
+        box = (
+            artist.get_tightbbox(renderer)
+            if isinstance(artist, Axis)
+            else artist.get_window_extent(renderer)
+        )
+        if box is None or (box.width == 0 and box.height == 0):
+            continue
+        sides = [
+            (side, px)
+            for side, px in (
+                ("left", -box.x0),
+                ("bottom", -box.y0),
+                ("right", box.x1 - W),
+                ("top", box.y1 - H),
+            )
+            if px > tol
+        ]
+        if sides:
+            where = ", ".join(f"{side} by {px:.0f} px" for side, px in sides)
+            out.append(f"{what} extends outside the canvas ({where})")
+    return out
+
+
+def check_figure(fig: Figure, name: str) -> None:
+    """Raise ValueError naming ``name`` and every problem: data axes without x/y labels
+    (unless :func:`exempt_axes`), labelled series no legend shows (when there is more than one),
+    text outside the canvas after layout. Draws the figure once (runs its layout engine)."""
+    problems = _label_problems(fig) + _legend_problems(fig) + _clip_problems(fig)
+    if problems:
+        raise ValueError(f"figure {name!r}: " + "; ".join(problems))
+    log.debug("figure %s passed the label, legend and canvas checks", name)
+
+
 def save_figure(fig: Figure, out_dir: str | Path, name: str) -> list[Path]:
-    """Write ``name.pdf`` and ``name.png`` (no timestamps in the metadata); returns both paths."""
+    """Check the figure (:func:`check_figure`), then write ``name.pdf`` and ``name.png`` (no
+    timestamps in the metadata); returns both paths. Nothing is written for a rejected figure."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     with paper_style():
         if fig.get_layout_engine() is None:  # a figure that set its own layout keeps it
             fig.tight_layout()
+        check_figure(fig, name)
+        out.mkdir(parents=True, exist_ok=True)
         pdf, png = out / f"{name}.pdf", out / f"{name}.png"
         fig.savefig(pdf, format="pdf", metadata={"CreationDate": None, "Producer": None})
         fig.savefig(png, format="png", metadata={"Software": None})

@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 
 #: config keys and their defaults (experiments/routing/routing_vllm.yaml pins them)
 DEFAULTS: dict[str, Any] = {
+    "title": "Routers on vLLM CPU engines",  # the figure's title
     "seed": 11,
     "num_requests": 120,
     "num_docs": 12,
@@ -387,26 +388,36 @@ def routing_figure(result: dict[str, Any]):
     """Per policy: token hit rate, measured vs simulated; and the prompt tokens the engines had
     to prefill (measured). TTFT stays in the table: on a shared 2-core VM it is too noisy to
     carry a figure."""
-    from skv.plotstyle import bar_style, figure, paper_style
+    from skv.figures import _wrap
+    from skv.plotstyle import OKABE_ITO, figure, paper_style
 
     rows = result["policies"]
     names = [r["policy"].replace("_", " ") for r in rows]
     x = np.arange(len(rows))
     cfg = result["config"]
+    title = cfg.get("title") or DEFAULTS["title"]
+    measured = {"color": OKABE_ITO["blue"], "edgecolor": "0.1", "linewidth": 0.5}
+    simulated = {"color": "white", "edgecolor": OKABE_ITO["orange"], "hatch": "////",
+                 "linewidth": 0.8}  # fmt: skip
     w = 0.38
     with paper_style():
-        fig = figure("text", 2.6)
+        fig = figure("text", 2.8)
         ax1, ax2 = fig.subplots(1, 2)
         ax1.bar(x - w / 2, [100 * r["measured_hit_rate"] for r in rows], w,
-                label="vLLM (measured)", **bar_style(0))  # fmt: skip
+                label="vLLM engines (measured)", **measured)  # fmt: skip
         ax1.bar(x + w / 2, [100 * r["simulated_hit_rate"] for r in rows], w,
-                label="skv vllm per replica (simulated)", **bar_style(1))  # fmt: skip
+                label="skv vllm per replica (simulated)", **simulated)  # fmt: skip
         ax1.set_xticks(x, names, rotation=25, ha="right")
+        ax1.set_xlabel("routing policy")
         ax1.set_ylabel("token hit rate (%)")
-        ax1.legend(frameon=False, loc="lower center", bbox_to_anchor=(0.5, 1.0))
-        ax2.bar(x, [r["prefill_tokens"] / 1e3 for r in rows], 0.6, **bar_style(0))
+        ax1.set_title(_wrap(title, 60), fontsize=7)
+        ax1.legend(frameon=False, fontsize=6, loc="upper left")
+        ax1.set_ylim(0, max(100 * max(r["measured_hit_rate"], r["simulated_hit_rate"])
+                            for r in rows) * 1.35 or 1.0)  # fmt: skip
+        ax2.bar(x, [r["prefill_tokens"] / 1e3 for r in rows], 0.6, **measured)
         ax2.set_xticks(x, names, rotation=25, ha="right")
-        ax2.set_ylabel("tokens prefilled (k)")
+        ax2.set_xlabel("routing policy")
+        ax2.set_ylabel("tokens prefilled (thousands)")
         ax2.set_title(f"measured: {cfg['replicas']} vLLM CPU engines x "
                       f"{cfg['num_gpu_blocks']} blocks", fontsize=7)  # fmt: skip
     return fig

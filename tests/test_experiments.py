@@ -25,7 +25,7 @@ from skv.experiments.runner import (
     simulate_experiment,
     workload_params,
 )
-from skv.experiments.stats import mean_ci
+from skv.experiments.stats import BOOTSTRAP_SEED, N_RESAMPLES, bootstrap_ci, mean_ci, paired_diff
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENTS = ROOT / "experiments"
@@ -174,14 +174,66 @@ def test_quick_scales_requests_down_with_a_floor():
 # statistics and verdicts
 
 
-def test_mean_ci_is_student_t():
-    s = mean_ci([1.0, 2.0, 3.0])
+def test_paired_differences_keep_the_student_t_interval():
+    s = paired_diff([2.0, 4.0, 6.0], [1.0, 2.0, 3.0])
     assert s["mean"] == pytest.approx(2.0)
     # t(0.975, 2) = 4.302653; std 1; half width 4.302653 / sqrt(3)
     assert s["ci95_high"] - s["mean"] == pytest.approx(4.302653 / math.sqrt(3), rel=1e-6)
-    one = mean_ci([5.0])
-    assert one["mean"] == 5.0 and one["ci95_low"] is None and one["std"] is None
+    assert s["mean"] - s["ci95_low"] == pytest.approx(4.302653 / math.sqrt(3), rel=1e-6)
+    one = paired_diff([5.0], [1.0])
+    assert one["mean"] == 4.0 and one["ci95_low"] is None and one["std"] is None
     assert mean_ci([])["mean"] is None
+
+
+# a skewed, positive latency sample (ms): one slow seed, as TTFT has under queueing
+SKEWED_TTFT = [120.0, 135.0, 2400.0]
+
+
+def test_a_latency_interval_never_leaves_the_positive_sample():
+    s = mean_ci(SKEWED_TTFT)
+    # the Student-t interval of this sample starts at about -2,184 ms
+    assert s["ci95_low"] >= min(SKEWED_TTFT) > 0
+    assert s["ci95_high"] <= max(SKEWED_TTFT)
+    assert s["ci95_low"] <= s["mean"] <= s["ci95_high"]
+    wide = mean_ci([3.0, 5.0, 8.0, 13.0, 21.0, 400.0])
+    assert min([3.0, 5.0, 8.0, 13.0, 21.0, 400.0]) <= wide["ci95_low"] < wide["mean"]
+
+
+def test_the_level_interval_is_scipys_bootstrap_percentile_with_the_fixed_seed():
+    import numpy as np
+    from scipy import stats
+
+    values = [10.0, 12.5, 11.0, 30.0, 9.5, 14.25, 8.75, 19.0, 10.5, 13.0]
+    direct = stats.bootstrap(
+        (np.asarray(values),),
+        np.mean,
+        confidence_level=0.95,
+        method="percentile",
+        n_resamples=N_RESAMPLES,
+        vectorized=True,
+        rng=np.random.default_rng(BOOTSTRAP_SEED),
+    ).confidence_interval
+    s = mean_ci(values)
+    assert (s["ci95_low"], s["ci95_high"]) == (float(direct.low), float(direct.high))
+    # deterministic: same values, same interval on every call (tables stay byte-identical)
+    assert [mean_ci(values) for _ in range(3)] == [s, s, s]
+    assert bootstrap_ci(values, seed=BOOTSTRAP_SEED + 1) != (s["ci95_low"], s["ci95_high"])
+
+
+def test_one_seed_or_identical_values_give_the_value_without_warnings():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        one = mean_ci([5.0])
+        same = mean_ci([0.1, 0.1, 0.1])
+        triple = bootstrap_ci([0.1, 0.1, 0.1])
+        single = bootstrap_ci([5.0])  # scipy refuses one observation
+    assert (one["ci95_low"], one["ci95_high"], one["std"]) == (5.0, 5.0, None)
+    # exactly the value (a resampled mean of 0.1s is 0.10000000000000002)
+    assert (same["mean"], same["ci95_low"], same["ci95_high"], same["std"]) == (0.1, 0.1, 0.1, 0.0)
+    assert triple == (0.1, 0.1) and single == (5.0, 5.0)
+    assert bootstrap_ci([]) is None
 
 
 def _fake_doc(
@@ -363,13 +415,14 @@ def test_skv_run_writes_every_output(smoke_runs):
         assert int(r["cached_tokens"]) + int(r["computed_tokens"]) == int(r["prompt_tokens"])
 
     summary = (out / "summary.md").read_text()
+    assert summary.startswith("# Smoke test (experiment `smoke`)\n")
     assert "simulated" in summary.lower() and "`linear` latency model" in summary
     # the "why" section exactly where adaptive_semantic is not clearly the best
     status = standing(doc, "50%", "ttft_ms_mean", "adaptive_semantic")["status"]
     assert ("### Why `adaptive_semantic`" in summary) == (status not in ("best", "tied"))
     (adaptive,) = [r for r in doc["aggregate"] if r["policy"] == "adaptive_semantic"]
     assert set(adaptive["final_weights"]) == set(adaptive["initial_weights"]) >= {"system"}
-    assert "mean ± 95% CI" in summary
+    assert "mean [95% CI] over 2 seeds (bootstrap percentile" in summary
     log = (out / "run.log").read_text()
     assert "total" in log and " s" in log
 

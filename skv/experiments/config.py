@@ -6,6 +6,7 @@ one latency model. Unknown keys are rejected everywhere (typos must not silently
 default). Example (``experiments/smoke.yaml``)::
 
     id: smoke
+    title: Smoke test            # optional: figures show it instead of the id
     description: tiny end-to-end check
     workload:
       name: shared_system_prompt
@@ -56,6 +57,13 @@ METRICS: dict[str, str] = {
     "block_hit_rate": "higher",
     "cached_tokens": "higher",
 }
+
+
+def humanise_id(ident: str) -> str:
+    """A readable stand-in for a title nobody wrote: ``low_memory_rag_stress`` -> ``Low memory
+    rag stress`` (figures must not show raw ids)."""
+    text = re.sub(r"[_-]+", " ", ident).strip()
+    return text[:1].upper() + text[1:]
 
 
 class ConfigError(ValueError):
@@ -207,6 +215,8 @@ class ExperimentConfig(_Strict):
     """One experiment: workload x seeds x capacities x policies through the simulator."""
 
     id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=80)
+    #: what figures and reports call the experiment (default: the id, humanised)
+    title: str = Field(default="", max_length=120, validate_default=True)
     description: str = ""
     workload: WorkloadSpec
     policies: list[PolicySpec] = Field(min_length=1)
@@ -224,6 +234,11 @@ class ExperimentConfig(_Strict):
     policy_metrics_every: int = Field(default=50, ge=0)
     seed_claim: SeedClaim | None = None
     in_suite: bool = True
+
+    @field_validator("title")
+    @classmethod
+    def _default_title(cls, title: str, info: ValidationInfo) -> str:
+        return title.strip() or humanise_id(str(info.data.get("id", "")))
 
     @field_validator("capacities")
     @classmethod

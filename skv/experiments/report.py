@@ -4,7 +4,9 @@ Everything here reads the results document that :mod:`skv.experiments.runner` bu
 re-runs a simulation. Statements are mechanical: the winner is the online policy with the best
 across-seed mean, "within noise" means the paired 95% CI of the difference (same seeds, same
 traces) contains 0, and a seed claim is "reproduced" only where the claimed policy has the best
-mean. Offline policies (Belady) are reference rows, never winners.
+mean. Offline policies (Belady) are reference rows, never winners. Which interval each number
+carries (bootstrap percentile for levels, Student t for paired differences) is decided in one
+place, :mod:`skv.experiments.stats`.
 """
 
 from __future__ import annotations
@@ -15,8 +17,6 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-
-from skv.experiments.stats import half_width
 
 METRIC_LABELS: dict[str, str] = {
     "ttft_ms_mean": "mean TTFT (ms)",
@@ -52,10 +52,12 @@ def fmt_value(v: float | None, metric: str) -> str:
 
 
 def fmt_stat(s: dict[str, Any], metric: str) -> str:
-    """``mean ± half-width`` (95% CI) or just the mean with one seed."""
+    """``mean [low, high]`` (95% bootstrap interval, not symmetric around the mean for a skewed
+    metric), or just the mean with one seed (no spread to estimate)."""
     text = fmt_value(s.get("mean"), metric)
-    h = half_width(s)
-    return f"{text} ± {fmt_value(h, metric)}" if h is not None else text
+    if s.get("ci95_low") is None or (s.get("n") or 0) < 2:
+        return text
+    return f"{text} [{fmt_value(s['ci95_low'], metric)}, {fmt_value(s['ci95_high'], metric)}]"
 
 
 def fmt_diff(d: dict[str, Any], metric: str) -> str:
@@ -513,7 +515,10 @@ def summary_markdown(doc: dict[str, Any]) -> str:
     lat = doc["latency"]
     seeds = cfg["seeds"]
     n = len(seeds)
-    out = [f"# Experiment `{doc['experiment']}`", ""]
+    head = f"Experiment `{doc['experiment']}`"
+    if cfg.get("title"):
+        head = f"{cfg['title']} (experiment `{doc['experiment']}`)"
+    out = [f"# {head}", ""]
     if doc.get("description"):
         out += [doc["description"].strip(), ""]
     constants = lat.get("constants") or lat.get("params") or {}
@@ -545,7 +550,8 @@ def summary_markdown(doc: dict[str, Any]) -> str:
         f"{'/'.join(str(r) for r in reqs)} requests per seed.",
         f"- Seeds {', '.join(str(s) for s in seeds)}: "
         + (
-            f"values are mean ± 95% CI half-width over {n} seeds (Student t, {n - 1} d.f.)."
+            f"values are mean [95% CI] over {n} seeds (bootstrap percentile interval of "
+            "the mean; paired differences: Student t)."
             if n > 1
             else "one seed, so no confidence intervals."
         ),
@@ -723,7 +729,7 @@ def aggregate_markdown(docs: Sequence[dict[str, Any]], run_dirs: Sequence[Path])
     if any(d.get("quick") for d in docs):
         out += ["> **Quick run**: request counts were scaled down; not the suite's numbers.", ""]
     out += [
-        "Mean TTFT in ms (mean ± 95% CI over seeds). Best = lowest mean among online "
+        "Mean TTFT in ms (mean [95% bootstrap CI] over seeds). Best = lowest mean among online "
         "policies; Belady is an offline reference.",
         "",
         "| experiment | capacity | best online (TTFT) | adaptive_semantic | lru | "

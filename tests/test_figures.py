@@ -1,0 +1,340 @@
+"""Figures: every figure function's output passes the pre-save check, and the check rejects
+figures a reader could not trust (no axis label, no legend, text off the canvas)."""
+
+from __future__ import annotations
+
+import inspect
+import random
+from pathlib import Path
+
+import pytest
+import yaml
+from matplotlib.colors import to_hex
+from matplotlib.text import Text
+
+from skv import figures as F
+from skv.experiments import plots as P
+from skv.experiments.config import config_from_dict, humanise_id
+from skv.experiments.runner import PLOT_FILES, make_requests, simulate_experiment
+from skv.fidelity import fidelity_figure
+from skv.plotstyle import (
+    GREY_LINE,
+    POLICY_STYLES,
+    check_figure,
+    exempt_axes,
+    figure,
+    policy_style,
+    save_figure,
+)
+from skv.routing_vllm import routing_figure
+
+ROOT = Path(__file__).resolve().parent.parent
+EXPERIMENTS = ROOT / "experiments"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _doc(ident: str, title: str | None, policies: list[str]) -> dict:
+    data = yaml.safe_load((EXPERIMENTS / "smoke.yaml").read_text())
+    data.update(id=ident, policies=policies, capacities=["10%", "30%"], seeds=[0, 1, 2])
+    data.pop("title", None)
+    if title:
+        data["title"] = title
+    return simulate_experiment(config_from_dict(data), quick=True)
+
+
+@pytest.fixture(scope="module")
+def docs() -> list[dict]:
+    """Two tiny real runs: one titled, one falling back to its humanised id."""
+    return [
+        _doc("tiny_titled", "A titled experiment", ["fifo", "lru", "adaptive_semantic", "belady"]),
+        _doc("tiny_untitled", None, ["lru", "lfu", "adaptive_semantic"]),
+    ]
+
+
+@pytest.fixture(scope="module")
+def curve():
+    reqs = make_requests("shared_system_prompt", {"num_requests": 80, "seed": 0})
+    return F.capacity_curve(reqs, ["fifo", "lru", "adaptive_semantic", "belady"], ["5%", "20%"])
+
+
+def _engine_results() -> tuple[dict, dict]:
+    rng = random.Random(0)
+    rows = []
+    for i in range(30):
+        p, m = rng.randint(100, 400), rng.choice([0, 32, 64])
+        pred = 5 + 0.05 * (p - m)
+        rows.append(
+            {
+                "request_id": str(i),
+                "prompt_tokens": p,
+                "measured_cached_tokens": m,
+                "simulated_cached_tokens": m if i % 7 else 0,
+                "ttft_ms": pred + rng.random(),
+                "predicted_ttft_ms": pred,
+            }
+        )
+    fid = {
+        "per_request": rows,
+        "measured_hit_rate": 0.31,
+        "simulated_hit_rate": 0.29,
+        "hit_rate_gap_pts": 2.0,
+        "latency_r2": 0.9,
+        "config": {"title": "Fidelity, hand-made"},
+    }
+    routing = {
+        "policies": [
+            {
+                "policy": p,
+                "measured_hit_rate": h,
+                "simulated_hit_rate": h - 0.01,
+                "prefill_tokens": k,
+            }
+            for p, h, k in (
+                ("round_robin", 0.2, 30000),
+                ("prefix_locality_50k", 0.4, 20000),
+                ("precise", 0.55, 14000),
+            )
+        ],
+        "config": {"replicas": 2, "num_gpu_blocks": 64},
+    }
+    return fid, routing
+
+
+def _paper_figures(docs: list[dict], curve) -> dict[str, object]:
+    fid, routing = _engine_results()
+    return {
+        "policy_comparison": F.policy_comparison(docs),
+        "evictions_by_type": F.evictions_by_type(docs[0]),
+        "adaptive_weights": F.adaptive_weights(docs[0]),
+        "memory_utilisation": F.memory_utilisation(docs[0]),
+        "hit_rate_vs_capacity": F.hit_rate_vs_capacity(curve, "Synthetic shared prompts"),
+        "fidelity_figure": fidelity_figure(fid),
+        "routing_figure": routing_figure(routing),
+    }
+
+
+def _texts(fig) -> list[str]:
+    return [t.get_text() for t in fig.findobj(Text) if t.get_visible() and t.get_text()]
+
+
+# ----------------------------------------------------------------------------------------
+# every figure passes
+
+
+def test_every_figure_function_is_covered_here():
+    """A new figure function in skv.figures must be added to _paper_figures."""
+    drawn = {
+        name
+        for name, fn in inspect.getmembers(F, inspect.isfunction)
+        if fn.__module__ == F.__name__
+        and not name.startswith("_")
+        and inspect.signature(fn).return_annotation in ("Figure", "Figure | None")
+    }
+    assert drawn == {
+        "policy_comparison",
+        "evictions_by_type",
+        "adaptive_weights",
+        "memory_utilisation",
+        "hit_rate_vs_capacity",
+    }
+
+
+def test_every_paper_and_engine_figure_passes_the_check_and_is_saved(docs, curve, tmp_path):
+    for name, fig in _paper_figures(docs, curve).items():
+        pdf, png = save_figure(fig, tmp_path, name)
+        assert png.read_bytes()[:8] == PNG_MAGIC, name
+        assert pdf.read_bytes()[:5] == b"%PDF-", name
+
+
+def test_every_run_plot_passes_the_check(docs, tmp_path):
+    for k, doc in enumerate(docs):
+        out = tmp_path / str(k)
+        out.mkdir()
+        paths = P.write_plots(doc, out)
+        assert [p.name for p in paths] == list(PLOT_FILES)
+        assert all(p.read_bytes()[:8] == PNG_MAGIC for p in paths)
+    no_adaptive = _doc("no_adaptive", None, ["lru", "fifo"])  # the "no learned weights" panel
+    P.adaptive_weights(no_adaptive, tmp_path / "weights.png")
+    assert (tmp_path / "weights.png").is_file()
+
+
+def test_figures_show_the_config_title_not_the_raw_id(docs):
+    assert docs[0]["config"]["title"] == "A titled experiment"
+    assert docs[1]["config"]["title"] == humanise_id("tiny_untitled") == "Tiny untitled"
+    fig = F.policy_comparison(docs)
+    texts = " ".join(_texts(fig)).replace("\n", " ")
+    assert "A titled experiment" in texts and "Tiny untitled" in texts
+    assert "tiny_titled" not in texts and "tiny_untitled" not in texts
+    for fn in (F.evictions_by_type, F.memory_utilisation, F.adaptive_weights):
+        texts = " ".join(_texts(fn(docs[0]))).replace("\n", " ")
+        assert "A titled experiment" in texts and "tiny_titled" not in texts, fn.__name__
+
+
+def test_experiment_and_engine_configs_have_titles():
+    from skv import fidelity, routing_vllm
+    from skv.experiments.config import load_config
+
+    for path in sorted(EXPERIMENTS.glob("*.yaml")):
+        if path.name == "claims.yaml":
+            continue
+        cfg = load_config(path)
+        assert cfg.title != humanise_id(cfg.id), f"{path.name}: write a title"
+    assert fidelity.load_config(EXPERIMENTS / "fidelity" / "fidelity_vllm.yaml")["title"]
+    assert routing_vllm.load_config(EXPERIMENTS / "routing" / "routing_vllm.yaml")["title"]
+
+
+def test_replay_configs_have_titles(tmp_path):
+    for path in sorted((EXPERIMENTS / "replay").glob("*.yaml")):
+        data = yaml.safe_load(path.read_text())
+        assert data.get("title") and data["title"] != data["id"], path.name
+    for name in ("mooncake_capacity", "claude_code_capacity"):
+        cfg = F.load_replay_config(EXPERIMENTS / "replay" / f"{name}.yaml", quick=True)
+        assert (
+            cfg["title"]
+            == yaml.safe_load((EXPERIMENTS / "replay" / f"{name}.yaml").read_text())["title"]
+        )
+    bare = tmp_path / "bare_replay.yaml"
+    bare.write_text("id: my_replay\ntrace: x.jsonl\npolicies: [lru]\ncapacities: ['1%']\n")
+    assert F.load_replay_config(bare, quick=False)["title"] == "My replay"
+
+
+def _line_colours(fig) -> dict[str, str]:
+    ax = fig.axes[0]
+    return {
+        line.get_label().split(" ")[0]: to_hex(line.get_color())
+        for line in ax.get_lines()
+        if not line.get_label().startswith("_")
+    }
+
+
+def test_a_policy_has_one_colour_in_every_figure_and_the_rest_is_grey(docs, curve):
+    lru = POLICY_STYLES["lru"][0].lower()
+    grey = to_hex(GREY_LINE)
+    for fig in (F.memory_utilisation(docs[0]), F.hit_rate_vs_capacity(curve, "t")):
+        colours = _line_colours(fig)
+        assert colours["lru"] == lru
+        assert colours["adaptive_semantic"] == POLICY_STYLES["adaptive_semantic"][0].lower()
+        assert colours["fifo"] == grey  # not among the default highlights
+    # highlight is a parameter: fifo alone in colour, lru grey
+    colours = _line_colours(F.hit_rate_vs_capacity(curve, "t", highlight=["fifo"]))
+    assert colours["fifo"] == POLICY_STYLES["fifo"][0].lower() and colours["lru"] == grey
+    # bars: the same colour for the same policy, the rest grey-filled and told apart by hatch
+    bar = policy_style("lru", kind="bar")
+    assert to_hex(bar["color"]) == lru
+    others = [policy_style(p, kind="bar") for p in ("fifo", "lfu", "static_semantic", "vllm")]
+    assert len({o["hatch"] for o in others}) == len(others)
+    assert len({o["color"] for o in others}) == 1
+    # no two known policies look alike: (colour, marker) and hatch are unique per name
+    assert len({(c, m) for c, m, _ in POLICY_STYLES.values()}) == len(POLICY_STYLES)
+    assert len({h for _, _, h in POLICY_STYLES.values()}) == len(POLICY_STYLES)
+
+
+def test_log_ticks_are_plain_numbers(docs):
+    fig = F.adaptive_weights(docs[0])
+    fig.canvas.draw()
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels() if t.get_text()]
+    assert labels, "no y tick labels"
+    for label in labels:
+        float(label.replace(",", ""))  # "0.5", "2", not "$\\mathdefault{10^{0}}$"
+
+
+def test_the_fidelity_figure_draws_measured_as_markers_over_simulated_as_a_line():
+    fid, _ = _engine_results()
+    fig = fidelity_figure(fid)
+    for ax in fig.axes:
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        measured = [line for label, line in lines.items() if "measured" in label]
+        model = [line for label, line in lines.items() if "measured" not in label]
+        assert len(measured) == 1 and len(model) == 1
+        assert measured[0].get_linestyle() == "None" and measured[0].get_marker() not in (
+            None,
+            "None",
+            "",
+        )
+        assert model[0].get_linestyle() == "-"
+        assert measured[0].get_zorder() > model[0].get_zorder()
+
+
+# ----------------------------------------------------------------------------------------
+# the check rejects
+
+
+def test_a_missing_axis_label_is_rejected(tmp_path):
+    fig = figure()
+    ax = fig.add_subplot()
+    ax.plot([1, 2, 3], [1, 4, 9])
+    ax.set_xlabel("x")
+    with pytest.raises(ValueError, match=r"figure 'unlabelled': axes 0 has data but no y label"):
+        save_figure(fig, tmp_path, "unlabelled")
+    assert not list(tmp_path.iterdir()), "a rejected figure must not be written"
+    exempt_axes(ax, "a sketch")
+    save_figure(fig, tmp_path, "exempt")
+
+
+def test_a_missing_legend_is_rejected(tmp_path):
+    fig = figure()
+    ax = fig.add_subplot()
+    ax.plot([1, 2], [1, 2], label="lru")
+    ax.plot([1, 2], [2, 1], label="fifo")
+    ax.set_xlabel("x")
+    ax.set_ylabel("y")
+    with pytest.raises(
+        ValueError, match=r"figure 'no_legend': .*no legend shows \['lru', 'fifo'\]"
+    ):
+        save_figure(fig, tmp_path, "no_legend")
+    ax.legend(handles=ax.get_lines()[:1])  # a legend missing one series is no better
+    with pytest.raises(ValueError, match=r"no legend shows \['fifo'\]"):
+        check_figure(fig, "half_legend")
+    ax.legend()
+    check_figure(fig, "legend")
+
+
+def test_run_plots_are_checked_before_they_are_written(tmp_path, docs):
+    fig = P._figure()
+    ax = fig.add_subplot()
+    ax.plot([1, 2], [1, 2], label="a")
+    ax.plot([1, 2], [2, 1], label="b")
+    P._footnote(fig, docs[0])
+    with pytest.raises(ValueError, match=r"figure 'bad.png': axes 0 has data but no x or y label"):
+        P._save(fig, tmp_path / "bad.png")
+    assert not (tmp_path / "bad.png").exists()
+
+
+def test_one_labelled_series_needs_no_legend():
+    fig = figure()
+    ax = fig.add_subplot()
+    ax.plot([1, 2], [1, 2], label="only")
+    ax.set_xlabel("x")
+    ax.set_ylabel("y")
+    fig.tight_layout()
+    check_figure(fig, "one_series")
+
+
+def test_a_clipped_title_is_rejected(tmp_path):
+    fig = figure("column", 2.0)
+    ax = fig.add_subplot()
+    ax.plot([1, 2], [1, 2])
+    ax.set_xlabel("x")
+    ax.set_ylabel("y")
+    ax.set_title("a title far too long for a single column figure, so it runs off both sides")
+    with pytest.raises(
+        ValueError, match=r"figure 'clipped': title of axes 0 .* outside the canvas"
+    ):
+        save_figure(fig, tmp_path, "clipped")
+
+
+def test_text_off_the_canvas_and_wrapped_text_are_rejected():
+    fig = figure()
+    ax = fig.add_subplot()
+    ax.plot([1, 2], [1, 2])
+    ax.set_xlabel("x")
+    ax.set_ylabel("y")
+    fig.tight_layout()
+    fig.text(0.99, 0.5, "a note past the right edge")
+    with pytest.raises(ValueError, match=r"figure text 'a note past the right edge' .*right by"):
+        check_figure(fig, "note")
+    fig.texts[-1].set_visible(False)
+    check_figure(fig, "note_hidden")
+    fig.text(0.0, 0.0, "wrapped", wrap=True)
+    with pytest.raises(ValueError, match="wrap=True"):
+        check_figure(fig, "wrapped")

@@ -7,6 +7,7 @@ import datetime as dt
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("skv")
 
@@ -52,6 +53,49 @@ def _load(args: argparse.Namespace):
     return requests, trace, trace[0].block_size
 
 
+def _service_apps() -> dict[str, Any]:
+    """Name -> a builder of each FastAPI app with a harmless config (nothing is contacted)."""
+    from skv.services import mock_backend, proxy, router, sim_api
+
+    return {
+        "mock backend": lambda: mock_backend.create_app(mock_backend.MockConfig()),
+        "telemetry proxy": lambda: proxy.create_app(proxy.ProxyConfig()),
+        "router": lambda: router.create_app(
+            router.RouterConfig(replicas=["http://127.0.0.1:9"], routing_output_dir=None)
+        ),
+        "simulation API": lambda: sim_api.create_app(sim_api.SimConfig()),
+    }
+
+
+def check_service_apps() -> list[str]:
+    """Build the four service apps and answer ``GET /health`` in process (no server, no port),
+    as the seed's project check imported its FastAPI apps; returns the problems found."""
+    import asyncio
+
+    import httpx
+
+    from skv.services.cli import quiet_http_logs
+
+    async def health(app: Any) -> int:
+        async with app.router.lifespan_context(app):  # startup and shutdown: resources close
+            transport = httpx.ASGITransport(app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://check") as client:
+                return (await client.get("/health")).status_code
+
+    problems = []
+    for name, build in _service_apps().items():
+        try:
+            with quiet_http_logs():
+                status = asyncio.run(health(build()))
+            if status != 200:
+                raise RuntimeError(f"GET /health answered {status}")
+            print(f"ok      app {name}")
+        except Exception as exc:  # report every broken app, not just the first
+            problems.append(f"app {name}: {exc}")
+            print(f"FAILED  app {name}: {exc}")
+    return problems
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     """Verify the install: imports, registries, experiment configs, trace directory."""
     import importlib
@@ -84,6 +128,11 @@ def cmd_check(args: argparse.Namespace) -> int:
         except Exception as exc:  # report every broken piece, not just the first
             problems.append(f"import {mod}: {exc}")
             print(f"FAILED  import {mod}: {exc}")
+    try:
+        problems += check_service_apps()
+    except Exception as exc:  # fastapi itself missing
+        problems.append(f"service apps: {exc}")
+        print(f"FAILED  service apps: {exc}")
     try:
         names = check_all()
         print(f"ok      policies: {', '.join(names)}")
@@ -163,10 +212,26 @@ def cmd_traces_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_replay_args(args: argparse.Namespace) -> None:
+    """Reject unknown policy names and malformed capacities before the trace loads (a real
+    trace takes seconds to minutes to load; a typo should cost nothing)."""
+    from skv.policies.registry import policy_class
+    from skv.sizing import Capacity, get_model
+
+    for name in args.policies:
+        policy_class(name)  # ValueError naming the known policies
+    for spec in args.capacity or []:
+        if Capacity.parse(spec).kind == "bytes":
+            if args.model is None:
+                raise ValueError(f"capacity {spec!r} is in bytes: give a model (--model)")
+            get_model(args.model)
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     from skv import tracereplay
     from skv.replay import replay_trace, write_results
 
+    check_replay_args(args)
     if tracereplay.wants_timed(args):
         return tracereplay.run_timed(args)
     _, trace, block_size = _load(args)

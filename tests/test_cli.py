@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,68 @@ def test_convert_round_trips_through_the_native_format(tmp_path):
     oracle = tmp_path / "t.bin"
     assert main(["traces", "convert", str(native), "--to", "oracle_general", str(oracle)]) == 0
     assert oracle.stat().st_size % 24 == 0 and oracle.stat().st_size > 0
+
+
+def test_check_builds_the_four_service_apps(capsys, monkeypatch):
+    import skv.cli
+
+    assert main(["check"]) == 0
+    out = capsys.readouterr().out
+    for name in ("mock backend", "telemetry proxy", "router", "simulation API"):
+        assert f"ok      app {name}\n" in out
+    assert "HTTP Request" not in out
+
+    apps = skv.cli._service_apps()
+
+    def broken():
+        raise RuntimeError("router config broken")
+
+    monkeypatch.setattr(skv.cli, "_service_apps", lambda: {**apps, "router": broken})
+    assert main(["check"]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED  app router: router config broken" in out
+    assert "ok      app simulation API" in out  # one broken app does not hide the others
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--policies", "lru", "nope"], "unknown policy 'nope'; known: fifo, lru"),
+        (["--capacity", "10parsecs"], "capacity '10parsecs': unknown unit"),
+        (["--capacity", "ten"], "capacity 'ten': expected e.g. 4096"),
+        (["--capacity", "30GB"], "give a model (--model)"),
+        (["--capacity", "30GB", "--model", "gpt-17"], "unknown model preset 'gpt-17'"),
+        (["--timed", "--policies", "nope"], "unknown policy 'nope'"),
+    ],
+)
+def test_replay_names_are_checked_before_the_trace_loads(tmp_path, capsys, extra, message):
+    """The trace does not exist: the argument error must come first, as a clean exit 2."""
+    missing = tmp_path / "never_loaded.jsonl"
+    assert main(["replay", str(missing), *extra, "--output", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "no such file" not in err and "Traceback" not in err
+
+
+def test_a_missing_relative_trace_says_no_such_file_first(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("SKV_TRACE_DIR", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    assert main(["traces", "info", "mooncake/typo.jsonl"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("skv: error: no such file: mooncake/typo.jsonl")
+    assert f"not found under trace directory {tmp_path}" in err
+
+
+def test_an_undetectable_format_names_the_cli_flag(tmp_path, capsys):
+    odd = tmp_path / "odd.csv"
+    odd.write_text("a,b\n1,2\n")
+    assert main(["traces", "info", str(odd)]) == 2
+    assert "--format" in capsys.readouterr().err
+
+
+def test_traces_info_says_when_a_format_has_no_sessions(capsys):
+    assert main(["traces", "info", str(MOONCAKE)]) == 0  # Mooncake carries no session ids
+    assert "sessions          -\n" in capsys.readouterr().out
+    assert main(["traces", "info", str(DATA / "bailian_tiny.jsonl")]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^sessions +[1-9][0-9,]*$", out, re.M)

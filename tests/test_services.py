@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import re
 import socket
 from pathlib import Path
 
@@ -402,3 +404,134 @@ def test_router_refuses_token_ids_out_of_range(tmp_path):
             assert r.status_code == 400 and "token ids" in r.json()["error"]["message"]
 
     asyncio.run(go())
+
+
+# --------------------------------------------------------------------------- seed env names
+
+
+SEED_ENV = {  # every SEMANTICKV_ variable the seed project documents
+    "SEMANTICKV_UPSTREAM_BASE_URL": "http://seed-upstream:8001",
+    "SEMANTICKV_TRACE_OUTPUT_DIR": "seed_traces",
+    "SEMANTICKV_REDACT_TEXT": "false",
+    "SEMANTICKV_PROXY_TIMEOUT_SECONDS": "7.5",
+    "SEMANTICKV_REPLICAS": "http://seed-a:8101,http://seed-b:8102",
+    "SEMANTICKV_ROUTING_POLICY": "semantic_locality",
+}
+
+
+@pytest.fixture
+def seed_env(monkeypatch):
+    from skv.services import _common
+
+    monkeypatch.setattr(_common, "_warned_legacy", set())
+    for name in [*SEED_ENV, *(n.replace("SEMANTICKV_", "SKV_") for n in SEED_ENV)]:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in SEED_ENV.items():
+        monkeypatch.setenv(name, value)
+    return monkeypatch
+
+
+def test_seed_env_names_are_aliases_with_one_warning_each(seed_env, caplog):
+    caplog.set_level("WARNING", logger="skv.services._common")
+    for _ in range(2):  # read twice: still one warning per variable
+        pc = proxy.ProxyConfig.from_env()
+        rc = router.RouterConfig.from_env()
+    assert pc.upstream_base_url == "http://seed-upstream:8001"
+    assert pc.trace_output_dir == Path("seed_traces")
+    assert pc.redact_text is False and pc.timeout_s == 7.5
+    assert rc.replicas == ["http://seed-a:8101", "http://seed-b:8102"]
+    assert rc.policy == "semantic_locality"
+    warned = [r.getMessage() for r in caplog.records if "deprecated" in r.getMessage()]
+    assert sorted(warned) == sorted(
+        f"{n} is deprecated; use {n.replace('SEMANTICKV_', 'SKV_')} (read as its alias)"
+        for n in SEED_ENV
+    )
+
+
+def test_skv_env_name_wins_over_the_seed_alias(seed_env, caplog):
+    seed_env.setenv("SKV_UPSTREAM_BASE_URL", "http://skv-upstream:9001")
+    seed_env.setenv("SKV_ROUTING_POLICY", "least_loaded")
+    caplog.set_level("WARNING", logger="skv.services._common")
+    assert proxy.ProxyConfig.from_env().upstream_base_url == "http://skv-upstream:9001"
+    assert router.RouterConfig.from_env().policy == "least_loaded"
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert "SEMANTICKV_UPSTREAM_BASE_URL" not in warned
+    assert "SEMANTICKV_REPLICAS is deprecated" in warned  # the alias still used is still named
+
+
+# --------------------------------------------------------------------------- router /metrics
+
+
+def _samples(text: str) -> dict[str, float]:
+    """Prometheus text format -> {'name{labels}': value}; every line must parse."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("# HELP ") or line.startswith("# TYPE "):
+            continue
+        m = re.fullmatch(r'([a-z_:][a-z0-9_:]*(?:\{(?:[a-z_]+="[^"]*",?)*\})?) (\S+)', line)
+        assert m, f"not a Prometheus sample line: {line!r}"
+        out[m.group(1)] = float(m.group(2))
+    return out
+
+
+def test_router_metrics_count_routing_failovers_and_errors(tmp_path):
+    async def go():
+        _apps, urls, mounts = _replicas(2)
+        dead = f"http://127.0.0.1:{free_port()}"
+        cfg = router.RouterConfig(
+            replicas=[dead, *urls], policy="round_robin", routing_output_dir=None
+        )
+        async with asgi(router.create_app(cfg, mounts=mounts)) as c:
+            for _ in range(3):  # round robin starts at dead, replica-0, replica-1
+                assert (await c.post("/v1/chat/completions", json={"messages": MSGS})).is_success
+            r = await c.get("/metrics")
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+        assert "# TYPE skv_router_routed_total counter" in r.text
+        assert "# TYPE skv_router_in_flight gauge" in r.text
+        m = _samples(r.text)
+        rr = 'policy="round_robin"'
+        assert m[f'skv_router_routed_total{{replica="{dead}",{rr}}}'] == 0
+        assert m[f'skv_router_routed_total{{replica="http://replica-0",{rr}}}'] == 2
+        assert m[f'skv_router_routed_total{{replica="http://replica-1",{rr}}}'] == 1
+        assert m[f'skv_router_replica_failures_total{{replica="{dead}"}}'] == 1
+        assert m[f"skv_router_failovers_total{{{rr}}}"] == 1
+        assert m[f"skv_router_errors_total{{{rr}}}"] == 0
+        assert all(m[f'skv_router_in_flight{{replica="{u}"}}'] == 0 for u in [dead, *urls])
+
+        cfg = router.RouterConfig(replicas=[dead], routing_output_dir=None)
+        async with asgi(router.create_app(cfg)) as c:
+            r = await c.post("/v1/chat/completions", json={"messages": MSGS})
+            assert r.status_code == 502
+            m = _samples((await c.get("/metrics")).text)
+        assert m[f"skv_router_errors_total{{{rr}}}"] == 1
+        assert m[f"skv_router_failovers_total{{{rr}}}"] == 0  # nowhere else to go
+
+    asyncio.run(go())
+
+
+def test_router_metrics_escape_label_values():
+    assert router._label_value('a"b\\c\nd') == 'a\\"b\\\\c\\nd'
+
+
+# --------------------------------------------------------------------------- demo-router logs
+
+
+def test_demo_router_is_quiet_unless_verbose(caplog, capsys):
+    import argparse
+
+    from skv.services import cli
+
+    p = argparse.ArgumentParser()
+    cli.register(p.add_subparsers())
+    caplog.set_level("INFO")
+    base = ["demo-router", "--requests", "4", "--replicas", "2", "--policies", "round_robin"]
+    args = p.parse_args(base)
+    assert args.func(args) == 0
+    assert not [r for r in caplog.records if "HTTP Request" in r.getMessage()]
+    assert "round_robin" in capsys.readouterr().out
+    assert logging.getLogger("httpx").level == logging.NOTSET  # restored afterwards
+
+    args = p.parse_args([*base, "--verbose"])
+    assert args.func(args) == 0
+    lines = [r for r in caplog.records if "HTTP Request" in r.getMessage()]
+    assert len(lines) == 8  # client -> router -> replica, per request

@@ -558,6 +558,27 @@ def test_find_trace_missing_says_where_to_download(monkeypatch, tmp_path):
         find_trace("mooncake/conversation_trace.jsonl")
 
 
+def test_load_trace_missing_relative_path_says_no_such_file_first(monkeypatch, tmp_path):
+    """A typo in a path is the common case: name the path as typed before the trace directory."""
+    monkeypatch.setenv("SKV_TRACE_DIR", str(tmp_path / "traces"))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError) as exc:
+        load_trace("mooncake/conversaton_trace.jsonl")
+    msg = str(exc.value)
+    typed = "no such file: mooncake/conversaton_trace.jsonl"
+    assert msg.startswith(f"{typed} (relative to {tmp_path})")
+    assert msg.index("no such file") < msg.index("trace directory") < msg.index("kvcache-ai")
+    with pytest.raises(FileNotFoundError, match=r"^no such file: /nowhere/t\.jsonl$"):
+        load_trace("/nowhere/t.jsonl")
+
+
+def test_trace_info_has_no_session_count_without_session_ids():
+    assert trace_info(load_mooncake(MOONCAKE))["sessions"] is None  # Mooncake has no sessions
+    info = trace_info(load_bailian(DATA / "bailian_tiny.jsonl"))
+    assert isinstance(info["sessions"], int) and info["sessions"] > 0
+    assert "sessions          -\n" in format_info({**info, "sessions": None})
+
+
 # ---------------------------------------------------------------- trace_info
 
 

@@ -3,4 +3,8 @@ router and a simulation API (``skv serve-mock | proxy | router | sim-api | demo-
 
 All of them are observability or routing layers: none controls a backend's KV-cache admission
 or eviction. Every service binds 127.0.0.1 unless told otherwise.
+
+Settings come from ``SKV_*`` environment variables; the seed project's ``SEMANTICKV_*`` names
+(``SEMANTICKV_UPSTREAM_BASE_URL``, ``SEMANTICKV_REPLICAS``, ...) are read as deprecated aliases
+(``skv.services._common.env_raw``: one warning per name; the ``SKV_`` name wins).
 """

@@ -57,8 +57,30 @@ _DROP_HEADERS = frozenset(
 )
 
 
-def env_bool(name: str, default: bool) -> bool:
+#: the seed project's names (``SEMANTICKV_<X>``) are read as aliases of ``SKV_<X>``
+LEGACY_PREFIX = "SEMANTICKV_"
+_warned_legacy: set[str] = set()
+
+
+def env_raw(name: str) -> str | None:
+    """``os.environ[name]``, else its legacy ``SEMANTICKV_`` alias (warned about once per name).
+
+    Every service reads its ``SKV_*`` settings through here, so users of the seed project keep
+    working; the ``SKV_`` name wins when both are set.
+    """
     raw = os.environ.get(name)
+    if raw is not None or not name.startswith("SKV_"):
+        return raw
+    legacy = LEGACY_PREFIX + name.removeprefix("SKV_")
+    raw = os.environ.get(legacy)
+    if raw is not None and legacy not in _warned_legacy:
+        _warned_legacy.add(legacy)
+        log.warning("%s is deprecated; use %s (read as its alias)", legacy, name)
+    return raw
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = env_raw(name)
     if raw is None or raw.strip() == "":
         return default
     val = raw.strip().lower()
@@ -70,7 +92,7 @@ def env_bool(name: str, default: bool) -> bool:
 
 
 def env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
+    raw = env_raw(name)
     if raw is None or raw.strip() == "":
         return default
     try:
@@ -80,7 +102,7 @@ def env_float(name: str, default: float) -> float:
 
 
 def env_str(name: str, default: str | None = None) -> str | None:
-    raw = os.environ.get(name)
+    raw = env_raw(name)
     return default if raw is None or raw.strip() == "" else raw.strip()
 
 

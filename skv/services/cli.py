@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +97,10 @@ def register(sub: Any) -> None:
     p.add_argument("--replica-cache-tokens", type=int, default=12_000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--routing-dir", default=None, help="also log decisions there")
+    p.add_argument(
+        "--verbose", dest="http_log", action="store_true",
+        help="show the HTTP access log lines (two per request and policy; off by default)",
+    )  # fmt: skip
     p.set_defaults(func=cmd_demo_router)
 
 
@@ -214,6 +221,28 @@ async def demo_policy(
     }
 
 
+#: loggers that write one line per HTTP request
+HTTP_LOGGERS = ("httpx", "httpx2", "httpcore", "uvicorn.access")
+
+
+@contextlib.contextmanager
+def quiet_http_logs(quiet: bool = True) -> Iterator[None]:
+    """Silence per-request HTTP log lines while the block runs: the demo sends hundreds of
+    requests in-process and its table would drown in them."""
+    if not quiet:
+        yield
+        return
+    loggers = [logging.getLogger(name) for name in HTTP_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
 def cmd_demo_router(args: argparse.Namespace) -> int:
     from skv.collect import mock_calls
 
@@ -229,9 +258,10 @@ def cmd_demo_router(args: argparse.Namespace) -> int:
         f"{'policy':<18} {'requests per replica':<24} {'token hit rate':>14} {'mean TTFT ms':>13}"
     )
     for policy in args.policies:
-        res = asyncio.run(
-            demo_policy(policy, args.replicas, calls, args.replica_cache_tokens, routing_dir)
-        )
+        with quiet_http_logs(not getattr(args, "http_log", False)):
+            res = asyncio.run(
+                demo_policy(policy, args.replicas, calls, args.replica_cache_tokens, routing_dir)
+            )
         dist = "/".join(str(x) for x in res["distribution"])
         print(
             f"{policy:<18} {dist:<24} {res['hit_rate']:>14.1%} "

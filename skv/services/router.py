@@ -31,6 +31,9 @@ router try the next candidate (every replica at most once); a replica that faile
 for ``cooldown_s``. Every decision is one JSONL line in ``SKV_ROUTING_OUTPUT_DIR``
 (``outputs/routing/routing-<stamp>.jsonl``): chosen replica, scores, in-flight counts, attempts.
 
+``GET /metrics``: Prometheus text format: requests routed per replica (labelled with the policy),
+failed attempts per replica, failovers, requests every replica failed, in-flight per replica.
+
 Env: ``SKV_REPLICAS`` (comma-separated base URLs), ``SKV_ROUTING_POLICY`` (default
 ``round_robin``), ``SKV_ROUTING_OUTPUT_DIR``, ``SKV_ROUTER_TIMEOUT_SECONDS`` (default 120),
 ``SKV_ROUTER_CACHE_TOKENS`` (approximate cache per replica, default 50000), ``SKV_KV_EVENTS``
@@ -52,7 +55,7 @@ from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
-from fastapi.responses import Response
+from fastapi.responses import PlainTextResponse, Response
 
 from skv.blocks import DEFAULT_BLOCK_SIZE, RequestBlocks, request_blocks
 from skv.model import TYPES, Segment, SemanticType, content_hash
@@ -161,6 +164,8 @@ class RouterState:
         self.routed = [0] * n
         self.failures = [0] * n
         self.down_until = [0.0] * n
+        self.failovers = 0  # times a failed attempt moved a request on to the next replica
+        self.errors = 0  # requests answered with an error because every replica failed
         self.caches = [
             make_cache("lru", max(1, cfg.cache_tokens // cfg.block_size)) for _ in range(n)
         ]
@@ -251,6 +256,51 @@ class RouterState:
                 self.failures[i] += 1
                 self.down_until[i] = time.monotonic() + self.cfg.cooldown_s
 
+    def record_failover(self) -> None:
+        with self._lock:
+            self.failovers += 1
+
+    def record_error(self) -> None:
+        with self._lock:
+            self.errors += 1
+
+    def metrics_text(self) -> str:
+        """Prometheus text exposition (format 0.0.4) of the routing counters, so the router can
+        be scraped like the engines behind it."""
+        policy = _label_value(self.cfg.policy)
+        with self._lock:
+            routed, failures = list(self.routed), list(self.failures)
+            in_flight = list(self.in_flight)
+            failovers, errors = self.failovers, self.errors
+        reps = [_label_value(url) for url in self.cfg.replicas]
+        lines = [
+            "# HELP skv_router_routed_total Requests answered by a replica.",
+            "# TYPE skv_router_routed_total counter",
+            *(
+                f'skv_router_routed_total{{replica="{r}",policy="{policy}"}} {routed[i]}'
+                for i, r in enumerate(reps)
+            ),
+            "# HELP skv_router_replica_failures_total Attempts a replica failed (no answer, "
+            "or an error status).",
+            "# TYPE skv_router_replica_failures_total counter",
+            *(
+                f'skv_router_replica_failures_total{{replica="{r}"}} {failures[i]}'
+                for i, r in enumerate(reps)
+            ),
+            "# HELP skv_router_in_flight Requests in flight through the router, per replica.",
+            "# TYPE skv_router_in_flight gauge",
+            *(f'skv_router_in_flight{{replica="{r}"}} {in_flight[i]}' for i, r in enumerate(reps)),
+            "# HELP skv_router_failovers_total Failed attempts after which the request was sent "
+            "to the next replica.",
+            "# TYPE skv_router_failovers_total counter",
+            f'skv_router_failovers_total{{policy="{policy}"}} {failovers}',
+            "# HELP skv_router_errors_total Requests answered with an error because every "
+            "replica failed.",
+            "# TYPE skv_router_errors_total counter",
+            f'skv_router_errors_total{{policy="{policy}"}} {errors}',
+        ]
+        return "\n".join(lines) + "\n"
+
     def snapshot(self) -> dict[str, Any]:
         reps = []
         for i, url in enumerate(self.cfg.replicas):
@@ -266,6 +316,11 @@ class RouterState:
                 rep["kv_events"] = self.index.state(i).stats()
             reps.append(rep)
         return {"policy": self.cfg.policy, "replicas": reps}
+
+
+def _label_value(value: str) -> str:
+    """A Prometheus label value, escaped as the text format requires."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 #: chat options that change how /tokenize renders the prompt (vLLM's TokenizeChatRequest)
@@ -381,6 +436,10 @@ def create_app(
     async def router_state() -> dict[str, Any]:
         return state.snapshot()
 
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(state.metrics_text(), media_type="text/plain; version=0.0.4")
+
     async def handle(request: Request, endpoint: str, chat: bool) -> Response:
         start = time.perf_counter()
         body = await json_object_body(request)
@@ -444,7 +503,7 @@ def create_app(
                     log.exception("cannot write routing decision")
 
         last: UpstreamError | None = None
-        for i in order:
+        for k, i in enumerate(order):
             url = cfg.replicas[i]
             outcome = Outcome(upstream=url)
             state.start(i)
@@ -454,6 +513,8 @@ def create_app(
                 state.finish(i, None, ok=False)
                 attempts.append({"replica": i, "error": err.kind, "status": err.upstream_status})
                 last = err
+                if k + 1 < len(order):
+                    state.record_failover()
                 continue
             attempts.append({"replica": i, "status": resp.status_code})
 
@@ -467,6 +528,7 @@ def create_app(
         fail = Outcome(status=last.status, error_kind=last.kind, error=last.message)
         fail.total_ms = (time.perf_counter() - start) * 1e3
         log_decision(None, fail)
+        state.record_error()
         return openai_error(
             last.status, f"all {len(order)} replicas failed; last: {last.message}", last.kind
         )

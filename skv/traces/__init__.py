@@ -137,7 +137,11 @@ def detect_format(path: PathLike) -> str:
             return "claude_code"
     elif "ContextTokens" in first and "GeneratedTokens" in first:
         return "azure2023"
-    raise TraceFormatError(p, f"cannot detect trace format; pass fmt= one of {', '.join(FORMATS)}")
+    raise TraceFormatError(
+        p,
+        "cannot detect trace format; name it with --format (skv CLI) or fmt= (Python), one of "
+        + ", ".join(FORMATS),
+    )
 
 
 def load_trace(path: PathLike, fmt: str | None = None, **options: Any) -> list[Request]:
@@ -151,8 +155,15 @@ def load_trace(path: PathLike, fmt: str | None = None, **options: Any) -> list[R
     p = Path(path)
     if not p.exists():
         if p.is_absolute():
-            raise FileNotFoundError(f"no such trace file or directory: {p}")
-        p = find_trace(str(path))
+            raise FileNotFoundError(f"no such file: {p}")
+        try:
+            p = find_trace(str(path))
+        except FileNotFoundError as exc:
+            # the path as typed comes first: most often it is a typo, not a missing download
+            raise FileNotFoundError(
+                f"no such file: {path} (relative to {Path.cwd()}); "
+                f"also looked under the trace directory: {exc}"
+            ) from None
     name = fmt or detect_format(p)
     try:
         loader = FORMATS[name]

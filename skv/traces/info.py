@@ -40,7 +40,8 @@ def trace_info(
     total_typed = sum(type_tokens.values())
     return {
         "requests": len(requests),
-        "sessions": len(sessions),
+        # None: the format carries no session ids (Mooncake, Azure), which is not zero sessions
+        "sessions": len(sessions) if sessions else None,
         "span_s": span,
         "prompt_tokens": totals.prompt_tokens,
         "output_tokens": sum(r.output_tokens for r in requests),
@@ -64,7 +65,7 @@ def format_info(info: dict[str, Any]) -> str:
     bs = info.get("block_size") or []
     lines = [
         f"requests          {info['requests']:,}",
-        f"sessions          {info['sessions']:,}",
+        f"sessions          {'-' if info['sessions'] is None else format(info['sessions'], ',')}",
         f"span              {info['span_s']:,.1f} s",
         f"prompt tokens     {info['prompt_tokens']:,}",
         f"output tokens     {info['output_tokens']:,}",

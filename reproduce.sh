@@ -6,7 +6,9 @@
 #   ./reproduce.sh fig_NAME ...   only those steps (and what they need); --force, -j N also work
 #   ./reproduce.sh check [--quick]  compare produced numbers with experiments/claims.yaml
 #   ./reproduce.sh list           the notebook steps
-#   ./reproduce.sh paper          build paper/main.pdf (needs latexmk or tectonic)
+#   ./reproduce.sh paper [--quick]  write paper/generated/values.tex from the runs and build
+#                                 paper/main.pdf (needs latexmk or tectonic); --quick: from the
+#                                 quick run, into build/quick/paper/
 #   ./reproduce.sh test     bootstrap .venv, then run the test suite (lint + pytest)
 #   ./reproduce.sh bench    bootstrap .venv, then run the replay speed benchmark
 # Needs only Python >= 3.11 with pip and venv. Real traces are read from $SKV_TRACE_DIR
@@ -19,17 +21,42 @@ VENV=.venv
 STAMP="$VENV/.skv-installed"
 
 bootstrap() {
-    local want
-    want=$(cat pyproject.toml setup.py | sha256sum | cut -c1-16)
+    # Installs the pinned environment (requirements.lock, made by scripts/lock.sh) so a rerun next
+    # year gets what this one did; without the lock it falls back to the newest matching versions.
+    # Reinstalls whenever pyproject.toml, setup.py or the lock change (the stamp is their hash).
+    local want lock=requirements.lock from_lock=true start
+    [[ -f "$lock" ]] || from_lock=false
+    want=$(cat pyproject.toml setup.py $([[ $from_lock == true ]] && echo "$lock") \
+        | sha256sum | cut -c1-16)
+    start=$(date +%s.%N)
     if [[ ! -x "$VENV/bin/python" ]]; then
         echo "[reproduce] creating $VENV"
         "$PYTHON" -m venv "$VENV"
     fi
     if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$want" ]]; then
-        echo "[reproduce] installing skv with dev extras into $VENV"
         "$VENV/bin/python" -m pip install --quiet --upgrade pip
-        "$VENV/bin/python" -m pip install --quiet -e ".[dev]"
+        if [[ $from_lock == true ]]; then
+            echo "[reproduce] installing the pinned environment ($lock) and skv into $VENV"
+            "$VENV/bin/python" -m pip install --quiet -r "$lock"
+            # the lock holds the build requirements too (setuptools, Cython): build with them
+            "$VENV/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e .
+        else
+            echo "[reproduce] no $lock: installing skv with dev extras (newest versions) into $VENV"
+            "$VENV/bin/python" -m pip install --quiet -e ".[dev]"
+        fi
         echo "$want" > "$STAMP"
+        # the install time, for the timings table the pipeline writes
+        mkdir -p build
+        "$VENV/bin/python" - "$start" "$(date +%s.%N)" "$from_lock" > build/install.json <<'PY'
+import datetime, json, platform, sys
+start, end, from_lock = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "true"
+print(json.dumps({
+    "seconds": round(end - start, 1),
+    "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    "python": platform.python_version(),
+    "from_lock": from_lock,
+}))
+PY
     fi
     # the replay hot path is compiled in place; rebuild it when a source is newer than its build
     if ! "$VENV/bin/python" skv/_build.py > /dev/null; then
@@ -41,18 +68,6 @@ bootstrap() {
 run_tests() {
     "$VENV/bin/ruff" check skv tests benchmarks
     "$VENV/bin/python" -m pytest -q "$@"
-}
-
-build_paper() {
-    if command -v latexmk > /dev/null; then
-        (cd paper && latexmk -pdf -interaction=nonstopmode main.tex)
-    elif command -v tectonic > /dev/null; then
-        (cd paper && tectonic main.tex)
-    else
-        echo "[reproduce] no LaTeX engine found: install latexmk (Debian: apt-get install latexmk" \
-            "texlive-latex-recommended texlive-latex-extra) or tectonic, then rerun ./reproduce.sh paper" >&2
-        exit 1
-    fi
 }
 
 cmd=${1:-all}
@@ -67,6 +82,6 @@ case "$cmd" in
     bench) "$VENV/bin/python" benchmarks/replay_speed.py "$@" ;;
     check) "$VENV/bin/python" -m skv.pipeline check "$@" ;;
     list) "$VENV/bin/python" -m skv.pipeline list ;;
-    paper) build_paper ;;
+    paper) "$VENV/bin/python" -m skv.pipeline paper "$@" ;;
     all) "$VENV/bin/skv" check && "$VENV/bin/python" -m skv.pipeline run "$@" ;;
 esac

@@ -35,8 +35,10 @@ from typing import Any
 
 import yaml
 
+from skv.artifact import claims as claims_mod
+from skv.artifact.claims import ClaimsFile
+
 REPO = Path(__file__).resolve().parents[1]
-CLAIMS_FILE = "claims.json"
 KERNEL = "python3"
 
 
@@ -107,6 +109,12 @@ STEPS: dict[str, Step] = {
             needs_traces=("weka_cc",),
         ),
         Step(
+            "fig_claude_code_session_gap",
+            "experiments/replay/claude_code_session_gap.yaml",
+            _fig("fig_claude_code_session_gap"),
+            needs_traces=("weka_cc",),
+        ),
+        Step(
             "tab_reuse_by_type_claude_code",
             "experiments/replay/claude_code_capacity.yaml",
             ("tables/reuse_by_type_claude_code.csv", "tables/reuse_by_type_claude_code.tex"),
@@ -161,6 +169,10 @@ class Layout:
     def output(self, rel: str) -> Path:
         kind, _, name = rel.partition("/")
         return {"figures": self.figures, "tables": self.tables}[kind] / name
+
+    def paper(self, root: Path = REPO) -> Path:
+        """Where the paper of this run is built: ``paper/`` (full) or ``build/quick/paper/``."""
+        return root / "paper" if self.tables == root / "paper" / "tables" else self.build / "paper"
 
 
 # ----------------------------------------------------------------------------------------
@@ -357,7 +369,7 @@ def run_pipeline(
         ]
         if bad_dep:
             return Result(step.name, "skipped", note=f"needs {bad_dep[0]}, which did not run")
-        why = missing_traces(step) or missing_engine(step)
+        why = skip_reason(step.name, quick=quick)
         if why:
             return Result(step.name, "skipped", note=why)
         params = notebook_params(step, layout, quick=quick, seed=seed, root=root)
@@ -407,40 +419,64 @@ def run_pipeline(
                 )
     ordered = [results[s.name] for s in steps]
     total = time.perf_counter() - t_start
-    table = summary_table(ordered, total)
+    table = summary_table(ordered, total, root / "build" / "install.json")
     say(table)
     with open(layout.log, "a", encoding="utf-8") as f:
         f.write("\n".join(log_lines) + "\n")
+    try:
+        write_paper_values(layout, quick=quick, root=root)
+    except (OSError, ValueError) as exc:  # the figures are written; say why the values are not
+        say(f"[paper values] not written: {exc}")
     return ordered
 
 
-def summary_table(results: Sequence[Result], total_s: float) -> str:
-    w = max(len(r.step) for r in results) if results else 4
-    lines = [f"{'step':<{w}}  {'status':<8} {'time':>8}  note", "-" * (w + 30)]
+def summary_table(results: Sequence[Result], total_s: float, install: Path | None = None) -> str:
+    """The run's timing table (Markdown, so ARTIFACT.md can quote build/run.log as it is),
+    with the last ``.venv`` install (``build/install.json``, written by reproduce.sh) first."""
+    lines = ["| step | status | seconds | note |", "|---|---|---:|---|"]
+    if install is not None and install.is_file():
+        try:
+            inst = json.loads(install.read_text(encoding="utf-8"))
+            lines.append(
+                f"| (install .venv) | done {inst.get('finished', '?')} | "
+                f"{float(inst['seconds']):.1f} | python {inst.get('python', '?')} |"
+            )
+        except (ValueError, KeyError, TypeError):
+            pass
     for r in results:
         note = r.note if len(r.note) < 160 else r.note[:157] + "..."
-        lines.append(f"{r.step:<{w}}  {r.status:<8} {r.seconds:>7.1f}s  {note}")
-    lines.append(f"total {total_s:.1f} s")
+        lines.append(f"| {r.step} | {r.status} | {r.seconds:.1f} | {note.replace('|', '/')} |")
+    lines.append(f"| total (notebooks) | | {total_s:.1f} | |")
     return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------------------
-# claims
+# claims (the rules live in skv.artifact.claims; this wires them to the steps)
+
+CLAIMS_YAML = REPO / "experiments" / "claims.yaml"
 
 
-def load_claims(path: Path = REPO / "experiments" / "claims.yaml") -> dict[str, Any]:
-    """``claims``: list of {id, text, step, value, expected, tolerance[, quick_expected,
-    quick_tolerance]}; ``no_claims``: steps that state no number (figures only)."""
-    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    for c in data.get("claims", []):
-        for k in ("id", "step", "value", "expected", "tolerance"):
-            if k not in c:
-                raise ValueError(f"{path}: claim {c.get('id', '?')}: missing {k!r}")
-        if c["step"] not in STEPS:
-            raise ValueError(f"{path}: claim {c['id']}: unknown step {c['step']!r}")
-    data.setdefault("claims", [])
-    data.setdefault("no_claims", [])
-    return data
+def load_claims(path: Path = CLAIMS_YAML) -> ClaimsFile:
+    """``experiments/claims.yaml``, validated against the step registry."""
+    return claims_mod.load_claims(path, STEPS)
+
+
+def skip_reason(name: str, *, quick: bool = False) -> str | None:
+    """Why step ``name`` (or a step it needs) cannot run here, and the command that enables
+    it; None when it can run."""
+    todo, seen = [name], set()
+    while todo:
+        s = STEPS[todo.pop()]
+        if s.name in seen:
+            continue
+        seen.add(s.name)
+        why = missing_traces(s) or missing_engine(s)
+        if why:
+            rerun = f"./reproduce.sh{' --quick' if quick else ''} {name}"
+            needs = "" if s.name == name else f"needs {s.name}: "
+            return f"{needs}{why}; then {rerun}"
+        todo.extend(s.depends)
+    return None
 
 
 def check_claims(
@@ -449,47 +485,88 @@ def check_claims(
     layout: Layout | None = None,
     claims_path: Path | None = None,
     echo: bool = True,
-) -> list[dict[str, Any]]:
-    """Compare each claim with the value its step wrote; rows with status pass / FAIL /
-    missing (step not run or trace missing) / n/a (no quick expectation in quick mode)."""
+) -> list[claims_mod.Row]:
+    """Compare each claim with the value its step wrote (statuses in skv.artifact.claims)."""
     layout = layout or Layout.for_run(quick=quick)
-    data = load_claims(claims_path or REPO / "experiments" / "claims.yaml")
-    rows = []
-    for c in data["claims"]:
-        exp, tol = c["expected"], c["tolerance"]
-        if quick:
-            exp, tol = c.get("quick_expected"), c.get("quick_tolerance", tol)
-        f = layout.step_dir(c["step"]) / CLAIMS_FILE
-        got = None
-        if f.is_file():
-            got = json.loads(f.read_text(encoding="utf-8"))["values"].get(c["value"])
-        if exp is None:
-            status = "n/a"
-        elif got is None:
-            status = "missing"
-        else:
-            status = "pass" if abs(got - exp) <= tol else "FAIL"
-        rows.append(
-            {
-                "id": c["id"],
-                "step": c["step"],
-                "expected": exp,
-                "tolerance": tol,
-                "got": got,
-                "status": status,
-            }
-        )
+    doc = load_claims(claims_path or CLAIMS_YAML)
+    rows = claims_mod.check_all(
+        doc, layout.step_dir, quick=quick, skip_reason=lambda s: skip_reason(s, quick=quick)
+    )
     if echo:
-        w = max([len(r["id"]) for r in rows] + [5])
-        print(f"{'claim':<{w}}  {'expected':>9} {'tol':>7} {'got':>9}  status  step")
-        for r in rows:
-            e = "-" if r["expected"] is None else f"{r['expected']:.4g}"
-            g = "-" if r["got"] is None else f"{r['got']:.4g}"
-            print(
-                f"{r['id']:<{w}}  {e:>9} {r['tolerance']:>7.3g} {g:>9}  {r['status']:<6}  "
-                f"{r['step']}"
-            )
+        print(claims_mod.format_rows(rows))
+        print(claims_mod.summary_line(rows))
     return rows
+
+
+# ----------------------------------------------------------------------------------------
+# the paper (numbers from the runs; skv.artifact.paper)
+
+
+def write_paper_values(
+    layout: Layout, *, quick: bool, root: Path = REPO, claims_path: Path | None = None
+) -> list[Path]:
+    """``<paper>/generated/values.tex`` and ``layout.tex`` from what the steps produced; a step
+    whose outputs are missing is named with why and the command that makes it."""
+    from skv.artifact import paper
+
+    doc = load_claims(claims_path or CLAIMS_YAML)
+    produced = paper.collect_produced(STEPS, layout.step_dir)
+    skipped = {}
+    for s in STEPS.values():
+        if all(layout.output(o).is_file() for o in s.outputs):
+            continue
+        why = skip_reason(s.name, quick=quick)
+        skipped[s.name] = why or f"run ./reproduce.sh{' --quick' if quick else ''} {s.name}"
+    return paper.write_generated(
+        layout.paper(root),
+        doc,
+        produced,
+        quick=quick,
+        figures_dir=layout.figures,
+        tables_dir=layout.tables,
+        skipped=skipped,
+    )
+
+
+def build_paper(*, quick: bool = False, root: Path = REPO, layout: Layout | None = None) -> int:
+    """Write the generated values, compile the PDF, and check that every figure a step
+    produced went into it (a skipped step's figure is a framed placeholder instead)."""
+    import shutil
+
+    from skv.artifact import paper
+
+    layout = layout or Layout.for_run(root, quick=quick)
+    pdir = layout.paper(root)
+    if pdir != root / "paper":
+        pdir.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / "paper" / "main.tex", pdir / "main.tex")
+    write_paper_values(layout, quick=quick, root=root)
+    try:
+        pdf = paper.build_pdf(pdir)
+    except RuntimeError as exc:
+        print(f"[paper] {exc}", file=sys.stderr)
+        return 1
+    included = paper.figures_in_pdf(pdir)
+    made = [
+        Path(o).stem
+        for s in STEPS.values()
+        for o in s.outputs
+        if o.startswith("figures/") and o.endswith(".pdf") and layout.output(o).is_file()
+    ]
+    absent = sorted(set(made) - included)
+    placeholders = sorted(
+        Path(o).stem
+        for s in STEPS.values()
+        for o in s.outputs
+        if o.startswith("figures/") and o.endswith(".pdf") and not layout.output(o).is_file()
+    )
+    print(f"[paper] {pdf}: {len(set(made) & included)} generated figures included")
+    if placeholders:
+        print(f"[paper] placeholders (not generated in this run): {', '.join(placeholders)}")
+    if absent:
+        print(f"[paper] generated but not in the PDF: {', '.join(absent)}", file=sys.stderr)
+        return 1
+    return 0
 
 
 # ----------------------------------------------------------------------------------------
@@ -507,8 +584,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("--seed", type=int, default=0)
     c = sub.add_parser("check", help="compare produced numbers with experiments/claims.yaml")
     c.add_argument("--quick", action="store_true", help="check the quick run's values")
+    c.add_argument(
+        "--markdown", action="store_true", help="print the claims as a Markdown table, no check"
+    )
     sub.add_parser("list", help="print the step registry")
+    pp = sub.add_parser("paper", help="write paper values and build the PDF (needs LaTeX)")
+    pp.add_argument("--quick", action="store_true", help="from the quick run, into build/quick")
+    pp.add_argument(
+        "--values-only", action="store_true", help="write generated/*.tex, do not compile"
+    )
     args = ap.parse_args(argv)
+    if args.cmd == "paper":
+        if args.values_only:
+            for f in write_paper_values(Layout.for_run(quick=args.quick), quick=args.quick):
+                print(f)
+            return 0
+        return build_paper(quick=args.quick)
     if args.cmd == "list":
         for s in STEPS.values():
             extra = f"  traces: {', '.join(s.needs_traces)}" if s.needs_traces else ""
@@ -516,30 +607,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{s.name:<32} {s.config:<48}{extra}")
         return 0
     if args.cmd == "check":
+        if args.markdown:
+            print(claims_mod.markdown_table(load_claims()))
+            return 0
         rows = check_claims(quick=args.quick)
-        bad = [r for r in rows if r["status"] in ("FAIL", "missing")]
-        print(
-            f"{len(rows) - len(bad)}/{len(rows)} claims ok" + (f", {len(bad)} not" if bad else "")
-        )
-        return 1 if bad else 0
+        return 1 if claims_mod.failing(rows) else 0
     res = run_pipeline(
         args.steps, quick=args.quick, force=args.force, jobs=args.jobs, seed=args.seed
     )
     failed = any(x.status == "failed" for x in res)
     if args.steps:
         return 1 if failed else 0
-    # a full run ends with the claims check; claims of steps skipped for a missing trace are
-    # reported as missing but do not fail the run (the skip was already reported)
+    # a full run ends with the claims check: claims of skipped steps are reported as skipped
+    # (with how to enable them) and do not fail the run
     print("\nclaims:")
-    skipped = {x.name for x in res if x.status == "skipped"}
     rows = check_claims(quick=args.quick)
-    bad = [
-        r
-        for r in rows
-        if r["status"] == "FAIL" or (r["status"] == "missing" and r["step"] not in skipped)
-    ]
-    print(f"{len(rows) - len(bad)}/{len(rows)} claims ok" + (f", {len(bad)} not" if bad else ""))
-    return 1 if failed or bad else 0
+    return 1 if failed or claims_mod.failing(rows) else 0
 
 
 if __name__ == "__main__":

@@ -100,10 +100,10 @@ def test_step_registered_and_skips_without_engine(monkeypatch, tmp_path):
 
 
 def test_claim_states_the_two_point_goal():
-    claims = {c["id"]: c for c in load_claims()["claims"]}
+    claims = {c.id: c for c in load_claims().claims}
     c = claims["fidelity_vllm_hit_rate_gap"]
-    assert c["step"] == "fig_fidelity_vllm" and c["value"] == "fidelity_hit_rate_gap_pts"
-    assert c["expected"] + c["tolerance"] <= 2.0  # the goal: within 2 points
+    assert c.step == "fig_fidelity_vllm" and c.value == "fidelity_hit_rate_gap_pts"
+    assert c.expected + c.tolerance <= 2.0  # the goal: within 2 points
 
 
 @pytest.mark.vllm

@@ -77,9 +77,9 @@ def test_step_registered_claims_and_skips_without_engine(monkeypatch, tmp_path):
     step = STEPS["fig_routing_vllm"]
     assert step.needs_engine and step.config == "experiments/routing/routing_vllm.yaml"
     assert "tables/routing_vllm.csv" in step.outputs
-    claims = {c["id"]: c for c in load_claims()["claims"]}
+    claims = {c.id: c for c in load_claims().claims}
     gap = claims["routing_vllm_hit_rate_gap"]
-    assert gap["step"] == "fig_routing_vllm" and gap["expected"] + gap["tolerance"] <= 2.0
+    assert gap.step == "fig_routing_vllm" and gap.expected + gap.tolerance <= 2.0
     monkeypatch.setenv("SKV_VLLM_VENV", str(tmp_path / "absent"))
     assert "engine venv absent" in missing_engine(step)
     r = routing_vllm.run_routing(routing_vllm.load_config(CONFIG))

@@ -1,0 +1,327 @@
+"""Claims: every number the paper states, as a thesis the regenerated results must support.
+
+A claim (one entry of ``experiments/claims.yaml``) names what it compares, where its expected
+value comes from (a paper, the seed project, an independent oracle, or a measurement here with
+the reason it matters), the notebook step and value key that produce it, and a tolerance whose
+basis is either ``deterministic`` (the value cannot move for a fixed config) or the 95% interval
+over seeds (then the tolerance must cover the produced interval's half-width: a claim whose
+slack is narrower than its own seed spread is a regression check, not a thesis, and fails).
+``holds`` optionally states the thesis on the produced interval (``"> 0"``: the whole interval
+is above 0; ``"~ 0"``: it contains 0, e.g. "not reproduced"). Quick runs have their own
+expectation or say why they check nothing (``quick: {not_checked: why}``).
+
+A notebook writes produced values to ``claims.json`` as numbers, or as
+``{"value": x, "ci95": [lo, hi], "n": seeds}`` when the value is a mean over seeds.
+
+Statuses of a checked claim: ``ok``; ``FAIL`` (outside the tolerance, thesis false, or
+tolerance narrower than the interval); ``skipped`` (its step cannot run here: why, and the
+command that enables it); ``not checked`` (no expectation for this mode); ``missing`` (no value
+and nobody said why). Only FAIL and missing make the check exit non-zero.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+CLAIMS_FILE = "claims.json"
+#: float slack on the tolerance comparison (values pass through JSON and rounding)
+EPS = 1e-9
+STATUSES = ("ok", "FAIL", "skipped", "not checked", "missing")
+_NUM = r"-?\d+(?:\.\d+)?"
+_HOLDS = re.compile(rf"^\s*(?:(>=|<=|>|<|~)\s*({_NUM})|in\s*\[\s*({_NUM})\s*,\s*({_NUM})\s*\])\s*$")
+_HOLDS_HELP = "write '> 0', '< 0', '>= x', '<= x', '~ x' or 'in [a, b]'"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Expectation(_Strict):
+    """What one mode (full or quick) expects: a value with tolerance, or why nothing is checked."""
+
+    expected: float | None = None
+    tolerance: float | None = Field(default=None, ge=0)
+    holds: str | None = None
+    not_checked: str | None = None
+
+    @model_validator(mode="after")
+    def _complete(self) -> Expectation:
+        if self.not_checked:
+            if self.expected is not None:
+                raise ValueError("not_checked and expected exclude each other")
+        elif self.expected is None or self.tolerance is None:
+            raise ValueError("needs expected and tolerance, or not_checked: <why>")
+        if self.holds is not None and not _HOLDS.match(self.holds):
+            raise ValueError(f"holds {self.holds!r}: {_HOLDS_HELP}")
+        return self
+
+
+class Claim(_Strict):
+    id: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    text: str = Field(min_length=1)
+    compares: str = Field(min_length=1)
+    source: Literal["paper", "seed", "oracle", "measured"]
+    #: where the expected value comes from (or, for "measured", why the number matters)
+    source_note: str = Field(min_length=1)
+    step: str
+    value: str
+    #: display unit for the paper's macros: fraction (printed as %), points, percent, ms, ratio,
+    #: count, number
+    unit: Literal["fraction", "points", "percent", "ms", "ratio", "count", "number"] = "number"
+    expected: float
+    tolerance: float = Field(ge=0)
+    #: "deterministic" or "ci95 over seeds ...": the latter requires the produced interval
+    tolerance_basis: str = Field(min_length=1)
+    holds: str | None = None
+    #: the paper's or the seed's own number, shown beside the measured one (text)
+    reference_value: str | None = None
+    quick: Expectation
+
+    @model_validator(mode="after")
+    def _check(self) -> Claim:
+        if self.holds is not None and not _HOLDS.match(self.holds):
+            raise ValueError(f"holds {self.holds!r}: {_HOLDS_HELP}")
+        return self
+
+    @property
+    def seeded(self) -> bool:
+        """Whether the tolerance rests on the seed spread (else the value is deterministic for
+        a fixed config, and the basis says why any slack is allowed)."""
+        return not self.tolerance_basis.strip().startswith("deterministic")
+
+    def expectation(self, quick: bool) -> Expectation:
+        if quick:
+            return self.quick
+        return Expectation(expected=self.expected, tolerance=self.tolerance, holds=self.holds)
+
+
+class ClaimsFile(_Strict):
+    claims: list[Claim]
+    #: steps that state no number (figures read only qualitatively), each with the reason
+    no_claims: dict[str, str] = Field(default_factory=dict)
+
+
+def load_claims(path: str | Path, steps: Iterable[str]) -> ClaimsFile:
+    """Parse and validate ``claims.yaml``; errors name the file, the claim and the field."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML: {exc}") from None
+    try:
+        doc = ClaimsFile.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for e in exc.errors():
+            loc = list(e["loc"])
+            if len(loc) >= 2 and loc[0] == "claims" and isinstance(loc[1], int):
+                items = data.get("claims") or []
+                cid = items[loc[1]].get("id", "?") if loc[1] < len(items) else "?"
+                loc = [f"claim {cid}", *loc[2:]]
+            lines.append(f"{path}: {'.'.join(map(str, loc))}: {e['msg']}")
+        raise ValueError("\n".join(lines)) from None
+    known = set(steps)
+    ids: set[str] = set()
+    for c in doc.claims:
+        if c.step not in known:
+            raise ValueError(f"{path}: claim {c.id}: unknown step {c.step!r}")
+        if c.id in ids:
+            raise ValueError(f"{path}: claim {c.id}: duplicate id")
+        ids.add(c.id)
+    for s in doc.no_claims:
+        if s not in known:
+            raise ValueError(f"{path}: no_claims: unknown step {s!r}")
+    return doc
+
+
+# ----------------------------------------------------------------------------------------
+# produced values
+
+
+@dataclass(frozen=True)
+class Produced:
+    """One value a step wrote: the number and, for means over seeds, its 95% interval."""
+
+    value: float
+    ci95: tuple[float, float] | None = None
+    n: int | None = None
+
+    @classmethod
+    def parse(cls, raw: Any) -> Produced | None:
+        if raw is None or isinstance(raw, str):  # strings (names) are for the paper's text
+            return None
+        if isinstance(raw, dict):
+            v = raw.get("value")
+            if v is None:
+                return None
+            ci = raw.get("ci95")
+            return cls(float(v), (float(ci[0]), float(ci[1])) if ci else None, raw.get("n"))
+        return cls(float(raw))
+
+    @property
+    def half_width(self) -> float:
+        if self.ci95 is None:
+            return 0.0
+        return max(self.value - self.ci95[0], self.ci95[1] - self.value)
+
+
+def read_values(step_dir: Path) -> dict[str, Produced | None] | None:
+    """The values one step wrote (None when it wrote no claims file)."""
+    f = step_dir / CLAIMS_FILE
+    if not f.is_file():
+        return None
+    raw = json.loads(f.read_text(encoding="utf-8")).get("values", {})
+    return {k: Produced.parse(v) for k, v in raw.items()}
+
+
+def holds(expr: str, p: Produced) -> bool:
+    """Whether the thesis ``expr`` holds on the produced interval (the value when none):
+    ``> t`` the whole interval is above t, ``< t`` below, ``~ t`` the interval contains t
+    ("no difference detected"), ``in [a, b]`` the whole interval lies within [a, b]."""
+    m = _HOLDS.match(expr)
+    if m is None:
+        raise ValueError(f"holds {expr!r}: {_HOLDS_HELP}")
+    lo, hi = p.ci95 if p.ci95 is not None else (p.value, p.value)
+    if m.group(1) is None:
+        a, b = float(m.group(3)), float(m.group(4))
+        return a - EPS <= lo and hi <= b + EPS
+    op, t = m.group(1), float(m.group(2))
+    return {
+        ">": lo > t,
+        ">=": lo >= t - EPS,
+        "<": hi < t,
+        "<=": hi <= t + EPS,
+        "~": lo - EPS <= t <= hi + EPS,
+    }[op]
+
+
+# ----------------------------------------------------------------------------------------
+# checking
+
+
+@dataclass(frozen=True)
+class Row:
+    claim: Claim
+    status: str
+    expected: float | None
+    tolerance: float | None
+    got: Produced | None
+    why: str = ""
+
+
+def check_one(
+    claim: Claim, got: Produced | None, *, quick: bool, skip_reason: str | None, wrote: bool
+) -> Row:
+    """The status of one claim given what its step produced (see the module docstring)."""
+    exp = claim.expectation(quick)
+    if exp.not_checked:
+        return Row(claim, "not checked", None, None, got, f"quick mode: {exp.not_checked}")
+    e, tol = exp.expected, exp.tolerance
+    assert e is not None and tol is not None
+    if skip_reason:
+        return Row(claim, "skipped", e, tol, got, skip_reason)
+    if got is None:
+        why = (
+            f"{claim.step} wrote no value {claim.value!r}"
+            if wrote
+            else f"{claim.step} has not run: ./reproduce.sh{' --quick' if quick else ''} "
+            f"{claim.step}"
+        )
+        return Row(claim, "missing", e, tol, got, why)
+    problems = []
+    if not math.isfinite(got.value) or abs(got.value - e) > tol + EPS:
+        problems.append(f"|{got.value:.6g} - {e:.6g}| > tolerance {tol:.6g}")
+    if exp.holds and not holds(exp.holds, got):
+        where = f"interval [{got.ci95[0]:.4g}, {got.ci95[1]:.4g}]" if got.ci95 else "value"
+        problems.append(f"thesis '{exp.holds}' false on the {where}")
+    if claim.seeded:
+        if got.ci95 is None:
+            problems.append("tolerance basis is the seed spread, but the step wrote no interval")
+        elif tol + EPS < got.half_width:
+            problems.append(
+                f"tolerance {tol:.4g} is narrower than the 95% interval (±{got.half_width:.4g})"
+            )
+    if problems:
+        return Row(claim, "FAIL", e, tol, got, "; ".join(problems))
+    return Row(claim, "ok", e, tol, got)
+
+
+def check_all(
+    doc: ClaimsFile,
+    step_dir: Callable[[str], Path],
+    *,
+    quick: bool,
+    skip_reason: Callable[[str], str | None],
+) -> list[Row]:
+    rows = []
+    cache: dict[str, dict[str, Produced | None] | None] = {}
+    for c in doc.claims:
+        if c.step not in cache:
+            cache[c.step] = read_values(step_dir(c.step))
+        values = cache[c.step]
+        got = values.get(c.value) if values else None
+        why = skip_reason(c.step) if got is None else None
+        rows.append(check_one(c, got, quick=quick, skip_reason=why, wrote=values is not None))
+    return rows
+
+
+def failing(rows: Sequence[Row]) -> list[Row]:
+    """Rows that make the check fail: FAIL, and missing values nobody explained."""
+    return [r for r in rows if r.status in ("FAIL", "missing")]
+
+
+def summary_line(rows: Sequence[Row]) -> str:
+    counts = {s: sum(r.status == s for r in rows) for s in STATUSES}
+    return "claims: " + ", ".join(f"{counts[s]} {s}" for s in STATUSES)
+
+
+def format_rows(rows: Sequence[Row]) -> str:
+    """A fixed-width table, then one line per skipped / not checked / failing claim's reason."""
+    w = max([len(r.claim.id) for r in rows] + [5])
+    out = [f"{'claim':<{w}}  {'expected':>9} {'tol':>7} {'got':>9} {'95% CI':>19}  status"]
+    for r in rows:
+        e = "-" if r.expected is None else f"{r.expected:.4g}"
+        t = "-" if r.tolerance is None else f"{r.tolerance:.3g}"
+        g = "-" if r.got is None else f"{r.got.value:.4g}"
+        ci = (
+            "-"
+            if r.got is None or r.got.ci95 is None
+            else (f"[{r.got.ci95[0]:.3g}, {r.got.ci95[1]:.3g}]")
+        )
+        out.append(f"{r.claim.id:<{w}}  {e:>9} {t:>7} {g:>9} {ci:>19}  {r.status}")
+    notes = [r for r in rows if r.why]
+    if notes:
+        out.append("")
+        for r in notes:
+            out.append(f"  {r.claim.id} ({r.status}): {r.why}")
+    return "\n".join(out)
+
+
+def markdown_table(doc: ClaimsFile) -> str:
+    """The claims as a Markdown table (ARTIFACT.md quotes it; tests keep the two in step)."""
+
+    def exp(e: float | None, t: float | None) -> str:
+        return "-" if e is None else f"{e:g} ± {t:g}"
+
+    lines = [
+        "| claim | compares | source | expected | thesis | quick | step |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in doc.claims:
+        q = c.quick
+        quick = "not checked" if q.not_checked else exp(q.expected, q.tolerance)
+        basis = "det." if not c.seeded else "95% CI"
+        lines.append(
+            f"| `{c.id}` | {c.compares} | {c.source} | {exp(c.expected, c.tolerance)} ({basis}) "
+            f"| {c.holds or '-'} | {quick} | `{c.step}` |"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,183 @@
+"""How much the Claude Code results depend on the assumed gap between session starts.
+
+The kv-cache-tester sessions carry no absolute start time, so the reader places them on a
+seeded Poisson timeline with mean gap ``session_interval_s`` (30 s by default; an assumption,
+not a measurement). The gap sets how many sessions interleave, and interleaving is what makes a
+small cache miss, so every Claude Code hit rate below the ceiling depends on it. This sweep
+replays the sessions at several gaps and seeds (cache-only; hit rates simulated) so a reader can
+see how much, and the claims name the gap they assume.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from skv.experiments.theses import interval
+
+log = logging.getLogger(__name__)
+
+
+class GapConfig(BaseModel):
+    """``experiments/replay/claude_code_session_gap.yaml``; its ``quick:`` mapping overrides
+    fields in quick runs."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    title: str
+    description: str = ""
+    trace: str
+    capacity: str
+    gaps_s: list[float] = Field(min_length=1)
+    assumed_gap_s: float = Field(gt=0)
+    seeds: list[int] = Field(min_length=1)
+    policies: list[str] = Field(min_length=1)
+    #: replayed at the assumed gap only (an offline bound is slow and needs one point)
+    bound_policy: str | None = None
+    max_sessions: int | None = Field(default=None, ge=1)
+    quick: dict[str, Any] = Field(default_factory=dict)
+
+
+def load_gap_config(path: str | Path, *, quick: bool) -> GapConfig:
+    data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    try:
+        cfg = GapConfig.model_validate(data)
+        if quick and cfg.quick:
+            cfg = GapConfig.model_validate({**data, **cfg.quick, "quick": {}})
+    except ValidationError as exc:
+        fields = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"{path}: {fields}") from None
+    if cfg.assumed_gap_s not in cfg.gaps_s:
+        raise ValueError(f"{path}: assumed_gap_s {cfg.assumed_gap_s} must be one of gaps_s")
+    return cfg
+
+
+def run_config(cfg: GapConfig) -> pd.DataFrame:
+    """The sweep of a config: its policies at every gap, the bound at the assumed gap."""
+    df = gap_sweep(
+        cfg.trace, cfg.gaps_s, cfg.seeds, cfg.policies, cfg.capacity, max_sessions=cfg.max_sessions
+    )
+    if cfg.bound_policy:
+        bound = gap_sweep(
+            cfg.trace,
+            [cfg.assumed_gap_s],
+            cfg.seeds,
+            [cfg.bound_policy],
+            cfg.capacity,
+            max_sessions=cfg.max_sessions,
+        )
+        df = pd.concat([df, bound], ignore_index=True)
+    return df
+
+
+def gap_sweep(
+    trace: str,
+    gaps_s: Sequence[float],
+    seeds: Sequence[int],
+    policies: Sequence[str],
+    capacity: str,
+    *,
+    max_sessions: int | None = None,
+) -> pd.DataFrame:
+    """One row per (gap, seed, policy): block and token hit rates at ``capacity`` (a share of
+    the trace's unique blocks, which the gap does not change), plus the infinite-cache ceiling."""
+    from skv.replay import compile_trace, replay_trace
+    from skv.traces import find_trace, load_trace
+
+    path = find_trace(trace)
+    rows: list[dict[str, Any]] = []
+    for gap in gaps_s:
+        for seed in seeds:
+            reqs = load_trace(
+                path, session_interval_s=float(gap), seed=int(seed), max_sessions=max_sessions
+            )
+            for r in replay_trace(compile_trace(reqs), policies, [capacity], progress=False):
+                rows.append(
+                    {
+                        "gap_s": float(gap),
+                        "seed": int(seed),
+                        "policy": r["policy"],
+                        "capacity": capacity,
+                        "block_hit_rate": r["block_hit_rate"],
+                        "token_hit_rate": r["token_hit_rate"],
+                        "ceiling_block_hit_rate": r["ceiling_block_hit_rate"],
+                    }
+                )
+            log.info("session gap %g s, seed %d: %d policies replayed", gap, seed, len(policies))
+    return pd.DataFrame(rows)
+
+
+def per_seed(df: pd.DataFrame, policy: str, gap_s: float, metric: str) -> list[float]:
+    d = df[(df["policy"] == policy) & (df["gap_s"] == float(gap_s))].sort_values("seed")
+    return [float(x) for x in d[metric]]
+
+
+def summary(df: pd.DataFrame, metric: str = "block_hit_rate") -> pd.DataFrame:
+    """Mean and 95% bootstrap interval over seeds per (gap, policy) (levels; see
+    skv.experiments.stats)."""
+    rows = []
+    for (gap, pol), d in df.groupby(["gap_s", "policy"], sort=True):
+        iv = interval(list(d.sort_values("seed")[metric]), method="bootstrap")
+        rows.append(
+            {
+                "gap_s": gap,
+                "policy": pol,
+                "mean": iv["value"],
+                "ci95_low": iv["ci95"][0],
+                "ci95_high": iv["ci95"][1],
+                "seeds": iv["n"],
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def diff_pts(df: pd.DataFrame, a: tuple[str, float], b: tuple[str, float], metric: str):
+    """Paired (same seed) difference ``a - b`` in points, where each side is (policy, gap)."""
+    xa, xb = per_seed(df, *a, metric), per_seed(df, *b, metric)
+    return interval([100 * (x - y) for x, y in zip(xa, xb, strict=True)])
+
+
+def gap_figure(df: pd.DataFrame, title: str, assumed_gap_s: float, metric: str = "block_hit_rate"):
+    """Hit rate vs the mean session gap (log axis), one line per policy with its 95% band over
+    seeds; the gap the other Claude Code results assume is marked."""
+    from skv.plotstyle import figure, paper_style, plain_ticks, policy_style
+
+    s = summary(df, metric)
+    with paper_style():
+        fig = figure("column", 2.5)
+        ax = fig.add_subplot()
+        for pol in dict.fromkeys(df["policy"]):
+            d = s[s["policy"] == pol].sort_values("gap_s")
+            style = policy_style(pol)
+            label = f"{pol} (offline)" if pol == "belady" else pol
+            ax.plot(d["gap_s"], d["mean"], label=label, **style)
+            ax.fill_between(
+                d["gap_s"], d["ci95_low"], d["ci95_high"], color=style["color"], alpha=0.2, lw=0
+            )
+        ax.axvline(assumed_gap_s, color="0.3", linestyle=":", linewidth=0.8)
+        ax.text(
+            assumed_gap_s,
+            0.02,
+            f" assumed {assumed_gap_s:g} s",
+            transform=ax.get_xaxis_transform(),
+            fontsize=6,
+            va="bottom",
+        )
+        ax.set_xscale("log")
+        gaps = sorted(set(df["gap_s"]))
+        ax.set_xticks(gaps, [f"{g:g}" for g in gaps])
+        plain_ticks(ax.xaxis)
+        ax.set_xticks(gaps)
+        ax.set_ylim(0, None)
+        ax.set_xlabel("mean gap between session starts (s)")
+        ax.set_ylabel(metric.replace("_", " "))
+        ax.set_title(title)
+        ax.legend(frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncols=3)
+        fig.set_layout_engine("tight")
+    return fig

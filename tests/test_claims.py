@@ -1,0 +1,225 @@
+"""The claims check (skv/artifact/claims.py): statuses, the tolerance boundary, theses on
+intervals, tolerances that must cover the seed spread, quick mode, and the shipped claims."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from skv.artifact import claims as C
+from skv.pipeline import STEPS, load_claims
+
+ROOT = Path(__file__).resolve().parents[1]
+STEP = "fig_hit_rate_mooncake"
+
+
+def claim(**over) -> C.Claim:
+    base = {
+        "id": "x",
+        "text": "t",
+        "compares": "a minus b",
+        "source": "measured",
+        "source_note": "why",
+        "step": STEP,
+        "value": "v",
+        "unit": "points",
+        "expected": 1.0,
+        "tolerance": 0.5,
+        "tolerance_basis": "deterministic",
+        "quick": {"expected": 2.0, "tolerance": 0.1},
+    }
+    return C.Claim.model_validate({**base, **over})
+
+
+def check(c: C.Claim, got, *, quick=False, skip=None, wrote=True) -> C.Row:
+    return C.check_one(c, C.Produced.parse(got), quick=quick, skip_reason=skip, wrote=wrote)
+
+
+def test_a_value_exactly_at_the_tolerance_passes_and_just_beyond_fails():
+    c = claim(expected=1.0, tolerance=0.25)  # binary-exact numbers: the boundary is exact
+    assert check(c, 1.25).status == "ok"
+    assert check(c, 0.75).status == "ok"
+    assert check(c, 1.2500001).status == "FAIL"
+    assert check(c, 0.7499999).status == "FAIL"
+
+
+def test_quick_mode_uses_its_own_expectation():
+    c = claim()
+    assert check(c, 2.05, quick=True).status == "ok"
+    assert check(c, 1.0, quick=True).status == "FAIL"
+    assert check(c, 1.0, quick=False).status == "ok"
+
+
+def test_a_claim_without_a_quick_expectation_is_not_checked_in_quick_mode_with_the_reason():
+    c = claim(quick={"not_checked": "too few requests for queueing"})
+    row = check(c, 123.0, quick=True)
+    assert row.status == "not checked"
+    assert "too few requests" in row.why
+    assert check(c, 1.0, quick=False).status == "ok"
+
+
+def test_a_skipped_step_is_skipped_with_its_reason_not_missing():
+    row = check(claim(), None, skip="trace not found; then ./reproduce.sh fig_x")
+    assert row.status == "skipped"
+    assert "./reproduce.sh" in row.why
+    assert C.failing([row]) == []
+
+
+def test_a_missing_value_nobody_explained_fails_the_check():
+    row = check(claim(), None, wrote=True)
+    assert row.status == "missing" and "wrote no value" in row.why
+    row = check(claim(), None, wrote=False)
+    assert row.status == "missing" and "has not run" in row.why
+    assert C.failing([row]) == [row]
+
+
+@pytest.mark.parametrize(
+    ("expr", "ci", "ok"),
+    [
+        ("> 0", (0.1, 2.0), True),
+        ("> 0", (-0.1, 2.0), False),
+        ("< 0", (-2.0, -0.1), True),
+        ("< 0", (-2.0, 0.1), False),
+        ("~ 0", (-0.5, 0.5), True),
+        ("~ 0", (0.1, 0.5), False),
+        ("in [-1, 1]", (-0.5, 0.9), True),
+        ("in [-1, 1]", (-0.5, 1.1), False),
+        (">= 1.5", (1.5, 2.0), True),
+        ("<= -1", (-3.0, -0.9), False),
+    ],
+)
+def test_a_thesis_is_judged_on_the_whole_interval(expr, ci, ok):
+    p = C.Produced((ci[0] + ci[1]) / 2, ci, 5)
+    assert C.holds(expr, p) is ok
+
+
+def test_a_false_thesis_fails_even_inside_the_tolerance():
+    c = claim(
+        expected=0.5,
+        tolerance=1.0,
+        tolerance_basis="ci95 over seeds 0-4",
+        holds="> 0",
+    )
+    assert check(c, {"value": 0.5, "ci95": [0.1, 0.9], "n": 5}).status == "ok"
+    row = check(c, {"value": 0.5, "ci95": [-0.1, 1.1], "n": 5})
+    assert row.status == "FAIL" and "thesis" in row.why
+
+
+def test_a_seeded_claim_needs_an_interval_and_a_tolerance_that_covers_it():
+    c = claim(expected=1.0, tolerance=0.3, tolerance_basis="ci95 over seeds 0-4")
+    assert check(c, {"value": 1.0, "ci95": [0.75, 1.3], "n": 5}).status == "ok"
+    row = check(c, {"value": 1.0, "ci95": [0.5, 1.5], "n": 5})
+    assert row.status == "FAIL" and "narrower than the 95% interval" in row.why
+    row = check(c, 1.0)
+    assert row.status == "FAIL" and "no interval" in row.why
+
+
+def test_a_deterministic_claim_needs_no_interval():
+    assert check(claim(), 1.2).status == "ok"
+
+
+@pytest.mark.parametrize(
+    ("over", "msg"),
+    [
+        ({"quick": {}}, "not_checked"),
+        ({"holds": "bigger"}, "holds"),
+        ({"tolerance": -1}, "tolerance"),
+        ({"source": "vibes"}, "source"),
+        ({"surprise": 1}, "surprise"),
+    ],
+)
+def test_malformed_claims_are_rejected_naming_the_claim_and_field(tmp_path, over, msg):
+    doc = {
+        "claims": [
+            {
+                "id": "bad_one",
+                "text": "t",
+                "compares": "c",
+                "source": "measured",
+                "source_note": "n",
+                "step": STEP,
+                "value": "v",
+                "expected": 1.0,
+                "tolerance": 0.1,
+                "tolerance_basis": "deterministic",
+                "quick": {"expected": 1.0, "tolerance": 0.1},
+                **over,
+            }
+        ]
+    }
+    f = tmp_path / "claims.yaml"
+    f.write_text(json.dumps(doc))
+    with pytest.raises(ValueError) as err:
+        C.load_claims(f, STEPS)
+    assert "bad_one" in str(err.value) and msg in str(err.value)
+    assert str(f) in str(err.value)
+
+
+def test_an_unknown_step_is_rejected(tmp_path):
+    f = tmp_path / "claims.yaml"
+    f.write_text(json.dumps({"claims": [], "no_claims": {"fig_nope": "x"}}))
+    with pytest.raises(ValueError, match="fig_nope"):
+        C.load_claims(f, STEPS)
+
+
+def test_summary_counts_every_status():
+    rows = [
+        check(claim(), 1.0),
+        check(claim(), 9.0),
+        check(claim(), None, skip="no trace"),
+        check(claim(quick={"not_checked": "why"}), 1.0, quick=True),
+        check(claim(), None),
+    ]
+    line = C.summary_line(rows)
+    assert line == "claims: 1 ok, 1 FAIL, 1 skipped, 1 not checked, 1 missing"
+    table = C.format_rows(rows)
+    assert "no trace" in table and "quick mode: why" in table
+
+
+# ---- the shipped claims -------------------------------------------------------------------
+
+
+def test_shipped_claims_validate_and_every_claim_is_a_comparison_with_a_source():
+    doc = load_claims()
+    assert len(doc.claims) >= 10
+    for c in doc.claims:
+        assert c.compares and c.source_note, c.id
+        if c.source in ("paper", "seed"):
+            assert c.reference_value, f"{c.id}: a paper or seed claim shows the reference value"
+
+
+def test_seeded_claims_say_how_many_seeds_and_every_claim_has_a_quick_answer():
+    for c in load_claims().claims:
+        if c.seeded:
+            assert "seeds 0-4" in c.tolerance_basis, c.id
+        assert c.quick.not_checked or c.quick.expected is not None, c.id
+
+
+THESIS_VALUES = ("adaptive_vs_lru_hit_pts", "adaptive_vs_lru_ttft_pct", "adaptive_vs_best_hit_pts")
+
+
+def test_the_seeds_thesis_is_claimed_for_every_stress_config():
+    from skv.experiments.config import load_config
+    from skv.experiments.runner import suite_configs
+
+    doc = load_claims()
+    values = {c.value for c in doc.claims if c.step == "tab_aggregate_summary"}
+    for path in suite_configs(ROOT / "experiments"):
+        exp = load_config(path).id
+        for v in THESIS_VALUES:
+            assert f"{exp}_{v}" in values, f"no claim on {exp}: {v}"
+
+
+def test_no_claim_restates_a_config_or_a_reader_rule():
+    doc = load_claims()
+    assert not {"experiments", "seeds"} & {c.value for c in doc.claims}
+    assert "tab_reuse_by_type_claude_code" not in {c.step for c in doc.claims}
+
+
+def test_artifact_md_quotes_the_current_claims_table():
+    table = C.markdown_table(load_claims())
+    assert table in (ROOT / "ARTIFACT.md").read_text(), (
+        "ARTIFACT.md's claims table is stale: paste `python -m skv.pipeline check --markdown`"
+    )

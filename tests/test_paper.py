@@ -1,0 +1,180 @@
+"""The paper's numbers come from the runs: no result typed by hand in main.tex, generated value
+macros formatted by unit, and a PDF that builds with placeholders for what a run skipped."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from skv import pipeline
+from skv.artifact import paper
+from skv.artifact.claims import ClaimsFile
+from skv.pipeline import STEPS, Layout, load_claims
+
+ROOT = Path(__file__).resolve().parents[1]
+#: macros whose arguments are names, not prose (ids, labels, files, widths)
+NAME_MACROS = (
+    "val",
+    "ci",
+    "refval",
+    "claim",
+    "label",
+    "ref",
+    "skvfig",
+    "skvtab",
+    "pol",
+    "texttt",
+    "resizebox",
+    "includegraphics",
+    "begin",
+    "end",
+)
+
+
+def prose(tex: str) -> str:
+    """The body of a LaTeX file with comments, optional arguments and the arguments of
+    :data:`NAME_MACROS` removed: what a reader sees as typed text."""
+    body = tex.split(r"\begin{document}", 1)[1]
+    body = re.sub(r"(?<!\\)%.*", "", body)
+    body = re.sub(r"\[[^\]]*\]", "", body)
+    names = "|".join(NAME_MACROS)
+    while True:
+        stripped = re.sub(rf"\\(?:{names})\*?(?:\{{[^{{}}]*\}})+", "", body)
+        if stripped == body:
+            return body
+        body = stripped
+
+
+def test_main_tex_types_no_result_by_hand():
+    # "95%" is the confidence level of every interval (a method, not a result)
+    text = prose((ROOT / "paper" / "main.tex").read_text()).replace(r"95\%", "")
+    digits = [m.group(0) for m in re.finditer(r".{0,30}\d.{0,30}", text)]
+    assert not digits, f"hand-typed numbers in paper/main.tex: {digits}"
+
+
+def test_the_prose_check_catches_a_typed_number():
+    tex = r"\begin{document} LRU hits \val{a} (\ci{a}) while FIFO hits 27.9\% \claim{b}."
+    assert re.search(r"\d", prose(tex))
+    assert not re.search(r"\d", prose(tex.replace("27.9", "less")))
+
+
+def _claims(tmp_path: Path) -> ClaimsFile:
+    f = tmp_path / "claims.yaml"
+    common = {
+        "text": "t",
+        "compares": "c",
+        "source": "paper",
+        "source_note": "n",
+        "step": "fig_hit_rate_mooncake",
+        "tolerance_basis": "ci95 over seeds 0-4",
+        "reference_value": "2.3x (paper)",
+        "quick": {"not_checked": "why"},
+    }
+    f.write_text(
+        json.dumps(
+            {
+                "claims": [
+                    {
+                        "id": "gain",
+                        "value": "g",
+                        "unit": "points",
+                        "expected": 1.5,
+                        "tolerance": 1,
+                        **common,
+                    },
+                    {
+                        "id": "hit",
+                        "value": "h",
+                        "unit": "fraction",
+                        "expected": 0.25,
+                        "tolerance": 0.1,
+                        **common,
+                    },
+                    {
+                        "id": "absent",
+                        "value": "nope",
+                        "unit": "ms",
+                        "expected": 3,
+                        "tolerance": 1,
+                        **common,
+                    },
+                ]
+            }
+        )
+    )
+    return pipeline.load_claims(f)
+
+
+def test_values_tex_has_one_macro_per_claim_and_value_formatted_by_unit(tmp_path):
+    produced = {
+        "fig_hit_rate_mooncake": {
+            "g": {"value": 1.234, "ci95": [-0.5, 2.96], "n": 5},
+            "h": 0.2789,
+            "best": "lfu_x",
+            "count_of_things": 12031,
+        }
+    }
+    tex = paper.values_tex(_claims(tmp_path), produced, quick=False)
+    assert r"\skvdefine{gain}{$+$1.2~points}" in tex
+    assert r"\skvdefine{gain.ci}{95\% CI [$-$0.5, $+$3.0]}" in tex
+    assert r"\skvdefine{gain.ref}{2.3x (paper)}" in tex
+    assert r"\skvdefine{hit}{27.9\%}" in tex
+    assert r"\skvdefine{hit.ci}{\textit{(deterministic)}}" in tex
+    assert r"\skvdefine{absent}" not in tex  # not produced: main.tex prints a 'not run' mark
+    assert r"\skvdefine{fig_hit_rate_mooncake/best}{\texttt{lfu\_x}}" in tex
+    assert r"\skvdefine{fig_hit_rate_mooncake/count_of_things}{12{,}031}" in tex
+    assert tex == paper.values_tex(_claims(tmp_path), produced, quick=False)  # deterministic
+
+
+def test_tex_escape_neutralises_every_special_character():
+    s = paper.tex_escape(r"a_b %c $d #e &f ~g ^h {i} \j")
+    assert "_" not in s.replace(r"\_", "")
+    for ch in "%$#&":
+        assert ch not in s.replace("\\" + ch, "")
+
+
+def test_layout_tex_names_the_skipped_steps_and_the_command(tmp_path):
+    tex = paper.layout_tex(tmp_path / "f", tmp_path / "t", {"fig_x": "no engine; run a_b"})
+    assert r"\skvdefine{skip:fig_x}{no engine; run a\_b}" in tex
+    assert (tmp_path / "f").resolve().as_posix() in tex
+
+
+@pytest.mark.skipif(
+    paper.latex_engine() is None,
+    reason="no LaTeX engine (CI installs one in .ci/run): " + paper.INSTALL_HINT,
+)
+def test_the_paper_builds_with_placeholders_when_nothing_was_generated(tmp_path, monkeypatch):
+    """A clean clone that ran nothing (no traces, no engine): the PDF still builds, every
+    figure is a framed note naming the command that makes it, and no figure is read."""
+    layout = Layout(tmp_path / "figs", tmp_path / "tables", tmp_path / "build")
+    monkeypatch.setenv("SKV_VLLM_VENV", str(tmp_path / "no_engine"))
+    monkeypatch.setenv("SKV_TRACE_DIR", str(tmp_path / "no_traces"))
+    rc = pipeline.build_paper(quick=True, layout=layout)
+    assert rc == 0
+    pdir = layout.paper()
+    assert (pdir / "main.pdf").stat().st_size > 10_000
+    assert paper.figures_in_pdf(pdir) == set()
+    if shutil.which("pdftotext"):
+        import subprocess
+
+        text = subprocess.run(
+            ["pdftotext", str(pdir / "main.pdf"), "-"], capture_output=True, text=True
+        ).stdout
+        assert "was not generated in this run" in text
+        # the engine figures say how to get the engine (pdftotext drops OT1 underscores)
+        assert re.search(r"scripts/setup.vllm\.sh", text)
+    layout_tex = (pdir / "generated" / "layout.tex").read_text()
+    for s in STEPS:
+        assert f"skip:{s}" in layout_tex
+
+
+def test_every_claim_the_paper_prints_has_a_unit():
+    tex = (ROOT / "paper" / "main.tex").read_text()
+    printed = set(re.findall(r"\\val\{([a-z0-9_]+)\}", tex))
+    claims = {c.id: c for c in load_claims().claims}
+    for cid in printed & set(claims):
+        assert claims[cid].unit != "number", f"{cid}: say its unit so the paper prints it"

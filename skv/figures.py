@@ -509,3 +509,15 @@ def hit_rate_by_type(requests: Sequence, policy: str, capacity: str) -> dict[str
 
     rows = replay_trace(compile_trace(requests), [policy], [capacity], progress=False)
     return dict(rows[0]["hit_rate_by_type"])
+
+
+def at_repo_root() -> Path:
+    """Change to the repository root when a notebook runs from ``notebooks/`` (Jupyter starts
+    kernels beside the notebook; the parameters' default paths are relative to the root).
+    papermill runs notebooks with ``--cwd`` at the root already, so this is then a no-op."""
+    import os
+
+    cwd = Path.cwd()
+    if cwd.name == "notebooks" and (cwd.parent / "experiments").is_dir():
+        os.chdir(cwd.parent)
+    return Path.cwd()

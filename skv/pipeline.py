@@ -382,6 +382,8 @@ def run_pipeline(
             if prev.get("key") == key:
                 return Result(step.name, "cached", note="config and code unchanged")
         stamp.unlink(missing_ok=True)
+        # a failed rerun must not leave the previous run's numbers to pass as this run's
+        (layout.step_dir(step.name) / claims_mod.CLAIMS_FILE).unlink(missing_ok=True)
         say(f"[start] {step.name}")
         t0 = time.perf_counter()
         try:
@@ -517,6 +519,9 @@ def write_paper_values(
             continue
         why = skip_reason(s.name, quick=quick)
         skipped[s.name] = why or f"run ./reproduce.sh{' --quick' if quick else ''} {s.name}"
+    rows = claims_mod.check_all(
+        doc, layout.step_dir, quick=quick, skip_reason=lambda s: skip_reason(s, quick=quick)
+    )
     return paper.write_generated(
         layout.paper(root),
         doc,
@@ -525,6 +530,7 @@ def write_paper_values(
         figures_dir=layout.figures,
         tables_dir=layout.tables,
         skipped=skipped,
+        statuses={r.claim.id: r.status for r in rows},
     )
 
 
@@ -540,7 +546,21 @@ def build_paper(*, quick: bool = False, root: Path = REPO, layout: Layout | None
     if pdir != root / "paper":
         pdir.mkdir(parents=True, exist_ok=True)
         shutil.copy2(root / "paper" / "main.tex", pdir / "main.tex")
-    write_paper_values(layout, quick=quick, root=root)
+    written = write_paper_values(layout, quick=quick, root=root)
+    ran = [s for s in STEPS if (layout.step_dir(s) / claims_mod.CLAIMS_FILE).is_file()]
+    claim_steps = {c.id: c.step for c in load_claims().claims}
+    undefined = paper.undefined_values(
+        (pdir / "main.tex").read_text(encoding="utf-8"),
+        written[0].read_text(encoding="utf-8"),
+        ran,
+        claim_steps,
+    )
+    if undefined:
+        print(
+            f"[paper] main.tex prints values this run did not produce: {', '.join(undefined)}",
+            file=sys.stderr,
+        )
+        return 1
     try:
         pdf = paper.build_pdf(pdir)
     except RuntimeError as exc:
@@ -594,6 +614,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--values-only", action="store_true", help="write generated/*.tex, do not compile"
     )
     args = ap.parse_args(argv)
+    if args.cmd in ("run", "check", "paper"):
+        try:  # a malformed claims.yaml is a clear error before any step runs, not a traceback
+            load_claims()
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     if args.cmd == "paper":
         if args.values_only:
             for f in write_paper_values(Layout.for_run(quick=args.quick), quick=args.quick):

@@ -86,6 +86,13 @@ def test_a_missing_value_nobody_explained_fails_the_check():
         ("~ 0", (0.1, 0.5), False),
         ("in [-1, 1]", (-0.5, 0.9), True),
         ("in [-1, 1]", (-0.5, 1.1), False),
+        ("in [-1, 1]", (-1.1, 0.5), False),
+        ("in [-1, 1]", (-1.0, 1.0), True),
+        ("~ 0", (0.0, 0.0), True),
+        ("~ 0", (-0.0, 1e-12), True),
+        ("> 0", (0.0, 1.0), False),
+        (">= 0", (0.0, 1.0), True),
+        ("< 0", (-1.0, 0.0), False),
         (">= 1.5", (1.5, 2.0), True),
         ("<= -1", (-3.0, -0.9), False),
     ],
@@ -95,25 +102,72 @@ def test_a_thesis_is_judged_on_the_whole_interval(expr, ci, ok):
     assert C.holds(expr, p) is ok
 
 
+def seeded(**over) -> C.Claim:
+    return claim(tolerance_basis="ci95 over seeds 0-4", **over)
+
+
 def test_a_false_thesis_fails_even_inside_the_tolerance():
-    c = claim(
-        expected=0.5,
-        tolerance=1.0,
-        tolerance_basis="ci95 over seeds 0-4",
-        holds="> 0",
-    )
+    c = seeded(expected=0.5, tolerance=1.0, holds="> 0", quick={"not_checked": "why"})
     assert check(c, {"value": 0.5, "ci95": [0.1, 0.9], "n": 5}).status == "ok"
     row = check(c, {"value": 0.5, "ci95": [-0.1, 1.1], "n": 5})
     assert row.status == "FAIL" and "thesis" in row.why
 
 
 def test_a_seeded_claim_needs_an_interval_and_a_tolerance_that_covers_it():
-    c = claim(expected=1.0, tolerance=0.3, tolerance_basis="ci95 over seeds 0-4")
+    c = seeded(expected=1.0, tolerance=0.3)
     assert check(c, {"value": 1.0, "ci95": [0.75, 1.3], "n": 5}).status == "ok"
     row = check(c, {"value": 1.0, "ci95": [0.5, 1.5], "n": 5})
     assert row.status == "FAIL" and "narrower than the 95% interval" in row.why
     row = check(c, 1.0)
     assert row.status == "FAIL" and "no interval" in row.why
+
+
+def test_the_tolerance_must_cover_the_wider_side_of_an_asymmetric_interval():
+    c = seeded(expected=1.0, tolerance=0.3)
+    assert check(c, {"value": 1.0, "ci95": [0.9, 1.3], "n": 5}).status == "ok"
+    row = check(c, {"value": 1.0, "ci95": [0.9, 1.31], "n": 5})  # only the upper side is wide
+    assert row.status == "FAIL" and "0.31" in row.why
+    row = check(c, {"value": 1.0, "ci95": [0.69, 1.1], "n": 5})  # only the lower side
+    assert row.status == "FAIL"
+
+
+def test_a_seeded_claim_needs_five_seeds_in_full_runs_and_two_in_quick_runs():
+    c = seeded(expected=1.0, tolerance=0.3, quick={"expected": 1.0, "tolerance": 0.3})
+    assert check(c, {"value": 1.0, "ci95": [1.0, 1.0], "n": 5}).status == "ok"
+    row = check(c, {"value": 1.0, "ci95": [1.0, 1.0], "n": 1})  # one seed: zero width
+    assert row.status == "FAIL" and "rests on 1 seeds; needs 5" in row.why
+    assert check(c, {"value": 1.0, "ci95": [1.0, 1.0], "n": 4}).status == "FAIL"
+    assert check(c, {"value": 1.0, "ci95": [1.0, 1.0], "n": 3}, quick=True).status == "ok"
+    assert check(c, {"value": 1.0, "ci95": [1.0, 1.0], "n": 1}, quick=True).status == "FAIL"
+
+
+def test_the_quick_thesis_not_the_full_one_is_judged_in_quick_runs():
+    c = seeded(
+        expected=1.0,
+        tolerance=5.0,
+        holds="> 0",
+        quick={"expected": 0.0, "tolerance": 5.0, "holds": "~ 0"},
+    )
+    both = {"value": 0.5, "ci95": [-0.5, 1.5], "n": 5}
+    assert check(c, both, quick=True).status == "ok"  # contains 0: the quick thesis holds
+    assert check(c, both).status == "FAIL"  # the full thesis needs it above 0
+
+
+def test_a_non_finite_value_fails():
+    assert check(claim(), float("nan")).status == "FAIL"
+    assert check(claim(expected=1.0, tolerance=1e9), float("inf")).status == "FAIL"
+
+
+def test_old_values_of_a_step_that_cannot_run_now_are_skipped_not_ok(tmp_path):
+    """A trace deleted since the last run: the leftover value must not pass as current."""
+    d = tmp_path / STEP
+    d.mkdir()
+    (d / "claims.json").write_text(json.dumps({"values": {"v": 1.0}}))
+    doc = C.ClaimsFile(claims=[claim()])
+    rows = C.check_all(doc, lambda s: tmp_path / s, quick=False, skip_reason=lambda s: None)
+    assert rows[0].status == "ok"
+    rows = C.check_all(doc, lambda s: tmp_path / s, quick=False, skip_reason=lambda s: "gone")
+    assert rows[0].status == "skipped" and rows[0].why == "gone"
 
 
 def test_a_deterministic_claim_needs_no_interval():
@@ -124,7 +178,13 @@ def test_a_deterministic_claim_needs_no_interval():
     ("over", "msg"),
     [
         ({"quick": {}}, "not_checked"),
+        ({"quick": {"not_checked": "why", "tolerance": 1}}, "excludes"),
         ({"holds": "bigger"}, "holds"),
+        ({"holds": "in [1, -1]"}, "lower end"),
+        ({"holds": "> 2", "quick": {"not_checked": "why"}}, "contradicts"),
+        ({"holds": "> 0"}, "quick run's thesis"),
+        ({"source": "seed", "reference_value": "x"}, "verdict"),
+        ({"tolerance_basis": "eyeballed"}, "tolerance_basis"),
         ({"tolerance": -1}, "tolerance"),
         ({"source": "vibes"}, "source"),
         ({"surprise": 1}, "surprise"),
@@ -197,19 +257,22 @@ def test_seeded_claims_say_how_many_seeds_and_every_claim_has_a_quick_answer():
         assert c.quick.not_checked or c.quick.expected is not None, c.id
 
 
-THESIS_VALUES = ("adaptive_vs_lru_hit_pts", "adaptive_vs_lru_ttft_pct", "adaptive_vs_best_hit_pts")
-
-
-def test_the_seeds_thesis_is_claimed_for_every_stress_config():
+def test_the_seeds_thesis_is_claimed_for_every_stress_config_against_lru_and_another_baseline():
     from skv.experiments.config import load_config
     from skv.experiments.runner import suite_configs
 
-    doc = load_claims()
-    values = {c.value for c in doc.claims if c.step == "tab_aggregate_summary"}
+    values = [c.value for c in load_claims().claims if c.step == "tab_aggregate_summary"]
     for path in suite_configs(ROOT / "experiments"):
-        exp = load_config(path).id
-        for v in THESIS_VALUES:
-            assert f"{exp}_{v}" in values, f"no claim on {exp}: {v}"
+        cfg = load_config(path)
+        mine = [v for v in values if v.startswith(f"{cfg.id}_adaptive_vs_")]
+        for metric in ("hit_pts", "ttft_pct"):
+            assert f"{cfg.id}_adaptive_vs_lru_{metric}" in mine, (cfg.id, metric)
+            others = [v for v in mine if v.endswith(metric) and "_vs_lru_" not in v]
+            assert len(others) == 1, f"{cfg.id}: one named best-other baseline on {metric}"
+            comparator = others[0].removeprefix(f"{cfg.id}_adaptive_vs_").removesuffix(
+                f"_{metric}"
+            )
+            assert comparator in {p.key for p in cfg.policies}, (cfg.id, comparator)
 
 
 def test_no_claim_restates_a_config_or_a_reader_rule():

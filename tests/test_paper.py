@@ -27,8 +27,8 @@ NAME_MACROS = (
     "skvfig",
     "skvtab",
     "pol",
-    "texttt",
-    "resizebox",
+    "thesis",
+    "verdict",
     "includegraphics",
     "begin",
     "end",
@@ -40,7 +40,8 @@ def prose(tex: str) -> str:
     :data:`NAME_MACROS` removed: what a reader sees as typed text."""
     body = tex.split(r"\begin{document}", 1)[1]
     body = re.sub(r"(?<!\\)%.*", "", body)
-    body = re.sub(r"\[[^\]]*\]", "", body)
+    body = re.sub(r"(\\[A-Za-z]+\*?)\[[^\]]*\]", r"\1", body)  # a macro's optional argument
+    body = re.sub(r"(\\begin\{[^}]*\})\[[^\]]*\]", r"\1", body)  # a float's placement
     names = "|".join(NAME_MACROS)
     while True:
         stripped = re.sub(rf"\\(?:{names})\*?(?:\{{[^{{}}]*\}})+", "", body)
@@ -49,17 +50,37 @@ def prose(tex: str) -> str:
         body = stripped
 
 
-def test_main_tex_types_no_result_by_hand():
+#: words that state a result as a number ("a tenth of", "twice the"), caught like digits
+NUMBER_WORDS = r"\b(dozen|tenth|half|twice|double|triple|third|quarter|fifth)s?\b"
+
+
+def hand_typed(tex: str) -> list[str]:
     # "95%" is the confidence level of every interval (a method, not a result)
-    text = prose((ROOT / "paper" / "main.tex").read_text()).replace(r"95\%", "")
-    digits = [m.group(0) for m in re.finditer(r".{0,30}\d.{0,30}", text)]
-    assert not digits, f"hand-typed numbers in paper/main.tex: {digits}"
+    text = prose(tex).replace(r"95\%", "")
+    pattern = rf"\d|{NUMBER_WORDS}"
+    return [m.group(0) for m in re.finditer(rf".{{0,30}}(?:{pattern}).{{0,30}}", text, re.I)]
 
 
-def test_the_prose_check_catches_a_typed_number():
-    tex = r"\begin{document} LRU hits \val{a} (\ci{a}) while FIFO hits 27.9\% \claim{b}."
-    assert re.search(r"\d", prose(tex))
-    assert not re.search(r"\d", prose(tex.replace("27.9", "less")))
+def test_main_tex_types_no_result_by_hand():
+    found = hand_typed((ROOT / "paper" / "main.tex").read_text())
+    assert not found, f"hand-typed numbers in paper/main.tex: {found}"
+
+
+@pytest.mark.parametrize(
+    "typed",
+    [
+        "FIFO hits 27.9\\% of blocks",
+        "a gain of [27.9] points",
+        "the cache of \\texttt{128} blocks",
+        "LRU hits twice as often",
+        "a tenth of the blocks",
+        "\\emph{3} seeds",
+    ],
+)
+def test_the_prose_check_catches_a_typed_number(typed):
+    tex = r"\begin{document} LRU hits \val{a_2} (\ci{a}) \claim{b_10pct}. " + typed
+    assert hand_typed(tex), typed
+    assert not hand_typed(r"\begin{document} \skvtab[\textwidth]{t_1}{x} \val{a_2} \claim{b}")
 
 
 def _claims(tmp_path: Path) -> ClaimsFile:
@@ -72,6 +93,7 @@ def _claims(tmp_path: Path) -> ClaimsFile:
         "step": "fig_hit_rate_mooncake",
         "tolerance_basis": "ci95 over seeds 0-4",
         "reference_value": "2.3x (paper)",
+        "verdict": "not reproduced",
         "quick": {"not_checked": "why"},
     }
     f.write_text(
@@ -118,8 +140,13 @@ def test_values_tex_has_one_macro_per_claim_and_value_formatted_by_unit(tmp_path
             "count_of_things": 12031,
         }
     }
-    tex = paper.values_tex(_claims(tmp_path), produced, quick=False)
+    statuses = {"gain": "ok", "hit": "FAIL"}
+    tex = paper.values_tex(_claims(tmp_path), produced, quick=False, statuses=statuses)
     assert r"\skvdefine{gain}{$+$1.2~points}" in tex
+    # a verdict only when the check passed: a failing claim can never print "reproduced"
+    assert r"\skvdefine{gain.verdict}{not reproduced}" in tex
+    assert r"\skvdefine{hit.verdict}{\textbf{check: FAIL}}" in tex
+    assert r"\skvdefine{absent.verdict}{\textbf{not checked}}" in tex
     assert r"\skvdefine{gain.ci}{95\% CI [$-$0.5, $+$3.0]}" in tex
     assert r"\skvdefine{gain.ref}{2.3x (paper)}" in tex
     assert r"\skvdefine{hit}{27.9\%}" in tex
@@ -127,7 +154,19 @@ def test_values_tex_has_one_macro_per_claim_and_value_formatted_by_unit(tmp_path
     assert r"\skvdefine{absent}" not in tex  # not produced: main.tex prints a 'not run' mark
     assert r"\skvdefine{fig_hit_rate_mooncake/best}{\texttt{lfu\_x}}" in tex
     assert r"\skvdefine{fig_hit_rate_mooncake/count_of_things}{12{,}031}" in tex
-    assert tex == paper.values_tex(_claims(tmp_path), produced, quick=False)  # deterministic
+    again = paper.values_tex(_claims(tmp_path), produced, quick=False, statuses=statuses)
+    assert tex == again  # deterministic
+
+
+def test_small_values_get_a_second_decimal_and_zero_has_no_sign():
+    c = paper.Produced(0.096, (-0.041, 0.233), 5)
+    assert paper.format_value(c.value, "points", paper.decimals(c, "points")) == "$+$0.10~points"
+    assert paper.format_ci(c, "points", paper.decimals(c, "points")) == (
+        "95\\% CI [$-$0.04, $+$0.23]"
+    )
+    assert paper.format_value(-0.0004, "points") == "0.0~points"
+    big = paper.Produced(8.75)
+    assert paper.decimals(big, "points") == 1
 
 
 def test_tex_escape_neutralises_every_special_character():

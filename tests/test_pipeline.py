@@ -171,8 +171,8 @@ def test_shipped_claims_name_known_steps_and_unique_ids():
 
 
 def test_every_claim_the_paper_cites_is_in_claims_yaml():
-    tex = (ROOT / "paper" / "main.tex").read_text()
-    cited = set(re.findall(r"\\claim\{([^}]+)\}", tex))
+    tex = (ROOT / "paper" / "main.tex").read_text().split(r"\begin{document}", 1)[1]
+    cited = set(re.findall(r"\\(?:claim|thesis)\{([^}]+)\}", tex))
     known = {c.id for c in load_claims().claims}
     assert cited, "the paper cites no claims"
     assert cited <= known, f"cited but not in experiments/claims.yaml: {sorted(cited - known)}"
@@ -226,9 +226,13 @@ def _fake_notebooks(monkeypatch, tmp_path, *, quick: bool = True):
         values = {}
         for c in doc.claims:
             if c.step == step.name:
-                e = c.expectation(quick).expected
-                e = c.expected if e is None else e
-                values[c.value] = {"value": e, "ci95": [e, e], "n": 5} if c.seeded else e
+                exp = c.expectation(quick)
+                e = c.expected if exp.expected is None else exp.expected
+                lo = hi = e
+                if exp.holds and exp.holds.strip().startswith("~"):  # an interval holding t
+                    t = float(exp.holds.strip()[1:])
+                    lo, hi = min(e, t), max(e, t)
+                values[c.value] = {"value": e, "ci95": [lo, hi], "n": 5} if c.seeded else e
         d = lay.step_dir(step.name)
         d.mkdir(parents=True, exist_ok=True)
         (d / "claims.json").write_text(json.dumps({"step": step.name, "values": values}))
@@ -302,3 +306,38 @@ def test_the_run_log_holds_a_timing_table_with_the_install_time(tmp_path):
     assert "| (install .venv) |" in lines[2] and "61.2" in lines[2]
     assert "| fig_b | skipped | 0.0 | x/y |" in table
     assert lines[-1].startswith("| total (notebooks) | | 12.5")
+
+
+def test_a_failed_rerun_removes_the_previous_runs_values(tmp_path, monkeypatch):
+    layout = Layout(tmp_path / "f", tmp_path / "t", tmp_path / "b")
+    old = layout.step_dir(MOONCAKE_STEP) / "claims.json"
+    old.parent.mkdir(parents=True)
+    old.write_text(json.dumps({"values": {"x": 1}}))
+
+    def failing(step, params, lay, root):
+        raise RuntimeError("papermill exited 1")
+
+    monkeypatch.setattr(pipeline, "execute_notebook", failing)
+    monkeypatch.setattr(pipeline, "skip_reason", lambda name, quick=False: None)
+    res = run_pipeline([MOONCAKE_STEP], layout=layout, echo=False, force=True)
+    assert res[0].status == "failed"
+    assert not old.exists()
+
+
+def test_a_notebook_opened_from_notebooks_dir_moves_to_the_repository_root(tmp_path, monkeypatch):
+    from skv.figures import at_repo_root
+
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "notebooks").mkdir()
+    monkeypatch.chdir(tmp_path / "notebooks")
+    assert at_repo_root() == tmp_path
+    assert at_repo_root() == tmp_path  # at the root already: nothing moves
+    monkeypatch.chdir(tmp_path / "experiments")
+    assert at_repo_root() == tmp_path / "experiments"
+
+
+def test_every_notebook_moves_to_the_root_right_after_its_parameters():
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        i = next(k for k, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
+        assert "at_repo_root()" in nb.cells[i + 1].source, path.name

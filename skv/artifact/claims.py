@@ -45,24 +45,52 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _contradicts(expr: str | None, expected: float | None) -> bool:
+    """Whether an expected value alone already breaks its thesis (``~`` needs an interval,
+    so a point says nothing about it)."""
+    if expr is None or expected is None or expr.strip().startswith("~"):
+        return False
+    return not holds(expr, Produced(expected))
+
+
+def _check_holds(expr: str | None) -> None:
+    if expr is None:
+        return
+    m = _HOLDS.match(expr)
+    if m is None:
+        raise ValueError(f"holds {expr!r}: {_HOLDS_HELP}")
+    if m.group(1) is None and float(m.group(3)) > float(m.group(4)):
+        raise ValueError(f"holds {expr!r}: the interval's lower end is above its upper end")
+
+
 class Expectation(_Strict):
-    """What one mode (full or quick) expects: a value with tolerance, or why nothing is checked."""
+    """What one mode (full or quick) expects: a value with tolerance (and the thesis, and the
+    fewest seeds its interval may rest on), or why nothing is checked in that mode."""
 
     expected: float | None = None
     tolerance: float | None = Field(default=None, ge=0)
     holds: str | None = None
+    #: seeded claims: the produced interval must rest on at least this many seeds
+    min_seeds: int | None = Field(default=None, ge=1)
     not_checked: str | None = None
 
     @model_validator(mode="after")
     def _complete(self) -> Expectation:
         if self.not_checked:
-            if self.expected is not None:
-                raise ValueError("not_checked and expected exclude each other")
+            given = [k for k in ("expected", "tolerance", "holds") if getattr(self, k) is not None]
+            if given:
+                raise ValueError(f"not_checked excludes {', '.join(given)}")
         elif self.expected is None or self.tolerance is None:
             raise ValueError("needs expected and tolerance, or not_checked: <why>")
-        if self.holds is not None and not _HOLDS.match(self.holds):
-            raise ValueError(f"holds {self.holds!r}: {_HOLDS_HELP}")
+        _check_holds(self.holds)
+        if _contradicts(self.holds, self.expected):
+            raise ValueError(f"expected {self.expected} contradicts holds {self.holds!r}")
         return self
+
+
+#: a seeded claim's interval must rest on at least this many seeds in full runs (issue 9)
+MIN_SEEDS_FULL = 5
+_BASIS = re.compile(r"^(deterministic\b|ci95 over seeds \d+-\d+\b)")
 
 
 class Claim(_Strict):
@@ -79,29 +107,48 @@ class Claim(_Strict):
     unit: Literal["fraction", "points", "percent", "ms", "ratio", "count", "number"] = "number"
     expected: float
     tolerance: float = Field(ge=0)
-    #: "deterministic" or "ci95 over seeds ...": the latter requires the produced interval
-    tolerance_basis: str = Field(min_length=1)
+    #: "deterministic (why)" or "ci95 over seeds A-B (...)": the latter requires the produced
+    #: interval, resting on at least MIN_SEEDS_FULL seeds in full runs
+    tolerance_basis: str = Field(pattern=_BASIS.pattern)
     holds: str | None = None
+    #: what the thesis says about the source's statement when it holds: the paper's words
+    verdict: Literal["reproduced", "not reproduced", "inconclusive"] | None = None
     #: the paper's or the seed's own number, shown beside the measured one (text)
     reference_value: str | None = None
     quick: Expectation
 
     @model_validator(mode="after")
     def _check(self) -> Claim:
-        if self.holds is not None and not _HOLDS.match(self.holds):
-            raise ValueError(f"holds {self.holds!r}: {_HOLDS_HELP}")
+        _check_holds(self.holds)
+        if _contradicts(self.holds, self.expected):
+            raise ValueError(f"expected {self.expected} contradicts holds {self.holds!r}")
+        if self.source in ("paper", "seed") and self.verdict is None:
+            raise ValueError("a claim on a paper's or the seed's statement needs a verdict")
+        if self.holds is not None and not (self.quick.not_checked or self.quick.holds):
+            raise ValueError(
+                "quick: a claim with a thesis (holds) needs the quick run's thesis too, or "
+                "not_checked: <why the quick run cannot keep the regime>"
+            )
         return self
 
     @property
     def seeded(self) -> bool:
         """Whether the tolerance rests on the seed spread (else the value is deterministic for
         a fixed config, and the basis says why any slack is allowed)."""
-        return not self.tolerance_basis.strip().startswith("deterministic")
+        return not self.tolerance_basis.startswith("deterministic")
 
     def expectation(self, quick: bool) -> Expectation:
         if quick:
-            return self.quick
-        return Expectation(expected=self.expected, tolerance=self.tolerance, holds=self.holds)
+            q = self.quick
+            if self.seeded and q.min_seeds is None and not q.not_checked:
+                return q.model_copy(update={"min_seeds": 2})
+            return q
+        return Expectation(
+            expected=self.expected,
+            tolerance=self.tolerance,
+            holds=self.holds,
+            min_seeds=MIN_SEEDS_FULL if self.seeded else None,
+        )
 
 
 class ClaimsFile(_Strict):
@@ -250,6 +297,8 @@ def check_one(
             problems.append(
                 f"tolerance {tol:.4g} is narrower than the 95% interval (±{got.half_width:.4g})"
             )
+        if exp.min_seeds and (got.n or 0) < exp.min_seeds:
+            problems.append(f"the interval rests on {got.n or 0} seeds; needs {exp.min_seeds}")
     if problems:
         return Row(claim, "FAIL", e, tol, got, "; ".join(problems))
     return Row(claim, "ok", e, tol, got)
@@ -269,7 +318,8 @@ def check_all(
             cache[c.step] = read_values(step_dir(c.step))
         values = cache[c.step]
         got = values.get(c.value) if values else None
-        why = skip_reason(c.step) if got is None else None
+        # a step that cannot run here is skipped even when an older run left values behind
+        why = skip_reason(c.step)
         rows.append(check_one(c, got, quick=quick, skip_reason=why, wrote=values is not None))
     return rows
 
@@ -313,8 +363,8 @@ def markdown_table(doc: ClaimsFile) -> str:
         return "-" if e is None else f"{e:g} ± {t:g}"
 
     lines = [
-        "| claim | compares | source | expected | thesis | quick | step |",
-        "|---|---|---|---|---|---|---|",
+        "| claim | compares | source | expected | thesis | verdict | quick | step |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for c in doc.claims:
         q = c.quick
@@ -322,6 +372,6 @@ def markdown_table(doc: ClaimsFile) -> str:
         basis = "det." if not c.seeded else "95% CI"
         lines.append(
             f"| `{c.id}` | {c.compares} | {c.source} | {exp(c.expected, c.tolerance)} ({basis}) "
-            f"| {c.holds or '-'} | {quick} | `{c.step}` |"
+            f"| {c.holds or '-'} | {c.verdict or '-'} | {quick} | `{c.step}` |"
         )
     return "\n".join(lines)

@@ -9,7 +9,8 @@ same trace, so pairing removes the trace-to-trace variance both policies share):
 - ``ttft_pct``: mean TTFT of ``policy`` relative to ``baseline``, in percent (negative = faster),
   per seed ``100 (a - b) / b`` then averaged;
 
-each as ``{"value", "ci95": [lo, hi], "n"}``, the shape ``claims.json`` carries intervals in.
+seeds matched by number (a policy that ran other seeds is an error, not a mispairing), each
+as ``{"value", "ci95": [lo, hi], "n"}``, the shape ``claims.json`` carries intervals in.
 The interval is the Student-t interval of the mean per-seed difference (differences are
 roughly symmetric even when TTFT itself is skewed, and t is wider than a percentile bootstrap
 with few seeds).
@@ -31,30 +32,56 @@ def _tightest(doc: dict[str, Any]) -> str:
     return min(blocks, key=lambda c: (blocks[c], c))
 
 
-def _per_seed(doc: dict[str, Any], capacity: str, policy: str, metric: str) -> list[float]:
+def _by_seed(doc: dict[str, Any], capacity: str, policy: str, metric: str) -> dict[int, float]:
     runs = [r for r in doc["runs"] if r["capacity"] == capacity and r["policy"] == policy]
-    return [float(r[metric]) for r in sorted(runs, key=lambda r: r["seed"])]
+    return {int(r["seed"]): float(r[metric]) for r in runs}
 
 
 def interval(values: Sequence[float], *, method: str = "t") -> dict[str, Any]:
     """Mean over seeds with its 95% interval in the claims.json shape: Student t for paired
     differences (the default), ``method="bootstrap"`` for levels (the rule of
     skv.experiments.stats). A single value gets a zero-width interval: one seed gives no
-    spread estimate, and says so with n=1."""
+    spread estimate, and says so with n=1 (claims then refuse it: they need 5 seeds)."""
     s = mean_ci(values, method=method)
     lo = s["ci95_low"] if s["ci95_low"] is not None else s["mean"]
     hi = s["ci95_high"] if s["ci95_high"] is not None else s["mean"]
     return {"value": s["mean"], "ci95": [lo, hi], "n": s["n"]}
 
 
+def paired(
+    doc: dict[str, Any], capacity: str, a: str, b: str, metric: str
+) -> list[tuple[float, float]]:
+    """(a, b) per seed, matched by seed number; both policies must have run the same seeds."""
+    xa, xb = _by_seed(doc, capacity, a, metric), _by_seed(doc, capacity, b, metric)
+    for pol, x in ((a, xa), (b, xb)):
+        if not x:
+            raise ValueError(f"{doc['experiment']}: no runs of {pol!r} at capacity {capacity}")
+    if set(xa) != set(xb):
+        raise ValueError(
+            f"{doc['experiment']}: {a} ran seeds {sorted(xa)}, {b} ran {sorted(xb)}: "
+            "a paired difference needs the same seeds"
+        )
+    return [(xa[k], xb[k]) for k in sorted(xa)]
+
+
+def online_policies(doc: dict[str, Any], capacity: str) -> list[str]:
+    """Online policies of the experiment at ``capacity``, in config order (Belady excluded)."""
+    recs = [r for r in doc["aggregate"] if r["capacity"] == capacity]
+    return list(dict.fromkeys(r["policy"] for r in recs if not r["offline"]))
+
+
 def best_baseline(doc: dict[str, Any], capacity: str, policy: str, metric: str) -> str:
     """The online policy other than ``policy`` with the best across-seed mean of ``metric``
-    (higher hit rate; ties broken by config order)."""
-    online = [r["policy"] for r in doc["aggregate"] if r["capacity"] == capacity]
-    offline = {r["policy"] for r in doc["aggregate"] if r["offline"]}
-    cands = [p for p in dict.fromkeys(online) if p != policy and p not in offline]
-    means = {p: sum(v) / len(v) for p in cands if (v := _per_seed(doc, capacity, p, metric))}
-    return max(means, key=lambda p: (means[p], -cands.index(p)))
+    (higher hit rate, lower TTFT; ties broken by config order)."""
+    cands = [p for p in online_policies(doc, capacity) if p != policy]
+    if not cands:
+        raise ValueError(f"{doc['experiment']}: no online policy besides {policy!r}")
+    sign = -1.0 if "ttft" in metric else 1.0
+    means = {}
+    for p in cands:
+        x = _by_seed(doc, capacity, p, metric)
+        means[p] = sign * sum(x.values()) / len(x)
+    return max(cands, key=lambda p: (means[p], -cands.index(p)))
 
 
 def compare(
@@ -62,35 +89,35 @@ def compare(
 ) -> dict[str, Any]:
     """``hit_pts`` and ``ttft_pct`` of ``policy`` vs ``baseline`` at the tightest capacity."""
     cap = _tightest(doc)
-    ha = _per_seed(doc, cap, policy, "token_hit_rate")
-    hb = _per_seed(doc, cap, baseline, "token_hit_rate")
-    ta = _per_seed(doc, cap, policy, "ttft_ms_mean")
-    tb = _per_seed(doc, cap, baseline, "ttft_ms_mean")
-    if not ha or len(ha) != len(hb):
-        raise ValueError(f"{doc['experiment']}: {policy} and {baseline} need the same seeds")
+    hit = paired(doc, cap, policy, baseline, "token_hit_rate")
+    ttft = paired(doc, cap, policy, baseline, "ttft_ms_mean")
     return {
         "capacity": cap,
         "baseline": baseline,
-        "hit_pts": interval([100 * (a - b) for a, b in zip(ha, hb, strict=True)]),
-        "ttft_pct": interval([100 * (a - b) / b for a, b in zip(ta, tb, strict=True)]),
+        "hit_pts": interval([100 * (a - b) for a, b in hit]),
+        "ttft_pct": interval([100 * (a - b) / b for a, b in ttft]),
     }
 
 
 def thesis_values(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Claim values for every experiment: ``<exp>_adaptive_vs_lru_hit_pts``,
-    ``<exp>_adaptive_vs_lru_ttft_pct``, ``<exp>_adaptive_vs_best_hit_pts`` (best = the best
-    other online policy by hit rate, named in ``<exp>_best_baseline``) and Belady's headroom
-    over LRU ``<exp>_belady_vs_lru_hit_pts``."""
+    """Claim values for every experiment ``<exp>``, at its tightest capacity:
+    ``<exp>_adaptive_vs_<p>_hit_pts`` and ``<exp>_adaptive_vs_<p>_ttft_pct`` for every other
+    online policy ``p`` (claims name their comparator, chosen before the check, not the
+    winner of the run being checked), Belady's headroom over LRU
+    ``<exp>_belady_vs_lru_hit_pts``, and, as text for the paper, the best other online policy
+    of this run by hit rate and by TTFT (``<exp>_best_by_hit``, ``<exp>_best_by_ttft``)."""
     out: dict[str, Any] = {}
     for doc in docs:
         e = doc["experiment"]
         cap = _tightest(doc)
-        vs_lru = compare(doc)
-        best = best_baseline(doc, cap, THESIS_POLICY, "token_hit_rate")
-        out[f"{e}_adaptive_vs_lru_hit_pts"] = vs_lru["hit_pts"]
-        out[f"{e}_adaptive_vs_lru_ttft_pct"] = vs_lru["ttft_pct"]
-        out[f"{e}_adaptive_vs_best_hit_pts"] = compare(doc, baseline=best)["hit_pts"]
-        out[f"{e}_best_baseline"] = best
-        if _per_seed(doc, cap, "belady", "token_hit_rate"):
+        for p in online_policies(doc, cap):
+            if p == THESIS_POLICY:
+                continue
+            c = compare(doc, baseline=p)
+            out[f"{e}_adaptive_vs_{p}_hit_pts"] = c["hit_pts"]
+            out[f"{e}_adaptive_vs_{p}_ttft_pct"] = c["ttft_pct"]
+        out[f"{e}_best_by_hit"] = best_baseline(doc, cap, THESIS_POLICY, "token_hit_rate")
+        out[f"{e}_best_by_ttft"] = best_baseline(doc, cap, THESIS_POLICY, "ttft_ms_mean")
+        if _by_seed(doc, cap, "belady", "token_hit_rate"):
             out[f"{e}_belady_vs_lru_hit_pts"] = compare(doc, "belady")["hit_pts"]
     return out

@@ -269,9 +269,7 @@ def test_the_seeds_thesis_is_claimed_for_every_stress_config_against_lru_and_ano
             assert f"{cfg.id}_adaptive_vs_lru_{metric}" in mine, (cfg.id, metric)
             others = [v for v in mine if v.endswith(metric) and "_vs_lru_" not in v]
             assert len(others) == 1, f"{cfg.id}: one named best-other baseline on {metric}"
-            comparator = others[0].removeprefix(f"{cfg.id}_adaptive_vs_").removesuffix(
-                f"_{metric}"
-            )
+            comparator = others[0].removeprefix(f"{cfg.id}_adaptive_vs_").removesuffix(f"_{metric}")
             assert comparator in {p.key for p in cfg.policies}, (cfg.id, comparator)
 
 
@@ -286,3 +284,11 @@ def test_artifact_md_quotes_the_current_claims_table():
     assert table in (ROOT / "ARTIFACT.md").read_text(), (
         "ARTIFACT.md's claims table is stale: paste `python -m skv.pipeline check --markdown`"
     )
+
+
+def test_claims_skipped_for_the_same_reason_share_one_note_line():
+    rows = [
+        check(claim(id=f"c{i}"), None, skip="no trace; then ./reproduce.sh x") for i in range(3)
+    ]
+    notes = [ln for ln in C.format_rows(rows).splitlines() if "no trace" in ln]
+    assert notes == ["  c0, c1, c2 (skipped): no trace; then ./reproduce.sh x"]

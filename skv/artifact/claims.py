@@ -348,11 +348,15 @@ def format_rows(rows: Sequence[Row]) -> str:
             else (f"[{r.got.ci95[0]:.3g}, {r.got.ci95[1]:.3g}]")
         )
         out.append(f"{r.claim.id:<{w}}  {e:>9} {t:>7} {g:>9} {ci:>19}  {r.status}")
-    notes = [r for r in rows if r.why]
-    if notes:
+    # one line per distinct reason (a missing trace skips every claim of its step)
+    groups: dict[tuple[str, str], list[str]] = {}
+    for r in rows:
+        if r.why:
+            groups.setdefault((r.status, r.why), []).append(r.claim.id)
+    if groups:
         out.append("")
-        for r in notes:
-            out.append(f"  {r.claim.id} ({r.status}): {r.why}")
+        for (status, why), ids in groups.items():
+            out.append(f"  {', '.join(ids)} ({status}): {why}")
     return "\n".join(out)
 
 

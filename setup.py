@@ -1,7 +1,8 @@
 """Compiles the replay hot path with Cython when a C compiler is available.
 
-The modules listed here are plain Python (Cython's pure-Python mode): without a compiler they
-run as ordinary Python, only slower. `skv check` reports which mode is in use.
+The modules (every skv .py with a .pxd beside it, found by skv/_build.py) are plain Python
+(Cython's pure-Python mode): without a compiler they run as ordinary Python, only slower.
+`skv check` reports which mode is in use.
 """
 
 import runpy

@@ -11,25 +11,25 @@ from __future__ import annotations
 import importlib.machinery
 from pathlib import Path
 
-HOT_PATH: tuple[str, ...] = (
-    "skv/blocks.py",
-    "skv/cache/block.py",
-    "skv/cache/radix.py",
-    "skv/cache/vllm_pool.py",
-    "skv/policies/base.py",
-    "skv/policies/lru.py",
-    "skv/policies/fifo.py",
-    "skv/policies/lfu.py",
-    "skv/policies/size_lru.py",
-    "skv/policies/gdsf.py",
-    "skv/policies/slru.py",
-    "skv/policies/static_semantic.py",
-    "skv/policies/adaptive_semantic.py",
-    "skv/policies/sglang.py",
-    "skv/policies/belady.py",
-)
-
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def hot_path(root: Path = ROOT) -> tuple[str, ...]:
+    """Every ``skv/**/*.py`` with a ``.pxd`` (its C declarations) beside it, sorted.
+
+    Derived, not listed by hand: compiling a module is adding its ``.pxd``, nothing else.
+    """
+    return tuple(
+        sorted(
+            pxd.with_suffix(".py").relative_to(root).as_posix()
+            for pxd in (root / "skv").rglob("*.pxd")
+            if pxd.with_suffix(".py").is_file()
+        )
+    )
+
+
+#: the compiled modules, as paths relative to the repository root (what setup.py cythonizes)
+HOT_PATH: tuple[str, ...] = hot_path()
 
 
 def build_status() -> dict[str, str]:

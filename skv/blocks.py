@@ -16,6 +16,7 @@ Keys are Python ints from tuple hashes of ints, which CPython computes determini
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import StrEnum
 
 from skv.model import TYPE_INDEX, Request, Segment, SemanticType
@@ -151,6 +152,57 @@ def request_blocks(
         block_size=block_size,
         prompt_tokens=max(request.prompt_tokens, sum(tokens)),
     )
+
+
+def resolve_block_size(block_size: int | None, request: Request | None = None) -> int:
+    """The one block-size rule: the size asked for, else a hash-id trace's own, else the default.
+
+    Replay, the simulator and timed replay all cut requests with it, so they see the same keys.
+    """
+    if block_size:
+        return block_size
+    if request is not None and request.hash_block_size:
+        return request.hash_block_size
+    return DEFAULT_BLOCK_SIZE
+
+
+def compile_trace(
+    requests: Sequence[Request],
+    block_size: int | None = None,
+    mode: KeyingMode | str = KeyingMode.PREFIX,
+    *,
+    salt_by_tenant: bool = False,
+) -> list[RequestBlocks]:
+    """Blocks and keys for every request, in the given order (``index`` = position).
+
+    ``block_size=None`` takes a hash-id trace's own block size, else ``DEFAULT_BLOCK_SIZE``.
+    """
+    return [
+        request_blocks(
+            r,
+            resolve_block_size(block_size, r),
+            mode,
+            index=i,
+            salt_by_tenant=salt_by_tenant,
+        )
+        for i, r in enumerate(requests)
+    ]
+
+
+def annotate_next_use(trace: Sequence[RequestBlocks]) -> None:
+    """Fill ``next_use``: for each block access, the index of the next request using that key.
+
+    Lives here, below both replay and the offline policies (``belady``) that need it.
+    """
+    never = len(trace) + 1
+    upcoming: dict[int, int] = {}
+    for rb in reversed(trace):
+        nu = []
+        for key in rb.keys:
+            nu.append(upcoming.get(key, never))
+        for key in rb.keys:
+            upcoming[key] = rb.index
+        rb.next_use = nu
 
 
 def _prefix_blocks(request: Request, block_size: int, salt: str | None):

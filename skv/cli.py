@@ -1,56 +1,14 @@
-"""The ``skv`` command line: thin wrappers over the library, one subcommand per task."""
+"""The ``skv`` command line: registers each domain's own cli module (:data:`DOMAINS`)."""
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import logging
 import sys
+import textwrap
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-log = logging.getLogger("skv")
-
-
-def _add_trace_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("trace", help="trace file or directory (format detected from content)")
-    p.add_argument(
-        "--format",
-        dest="fmt",
-        default=None,
-        help="force the trace format (skv, mooncake, claude_code, azure2023, bailian)",
-    )
-    p.add_argument(
-        "--block-size",
-        type=int,
-        default=None,
-        help="KV block size in tokens (default: the trace's own, else 16 as vLLM on GPU)",
-    )
-    p.add_argument(
-        "--mode",
-        choices=["prefix", "segment"],
-        default="prefix",
-        help="block keying: exact prefix (vLLM) or position-independent segments",
-    )
-    p.add_argument(
-        "--salt-by-tenant",
-        action="store_true",
-        help="salt each chain with the tenant id (vLLM cache_salt isolation)",
-    )
-    p.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
-
-
-def _load(args: argparse.Namespace):
-    from skv.replay import compile_trace
-    from skv.traces import load_trace
-
-    requests = load_trace(args.trace, args.fmt)
-    if args.limit is not None:
-        requests = requests[: args.limit]
-    if not requests:
-        raise SystemExit(f"{args.trace}: no requests")
-    trace = compile_trace(requests, args.block_size, args.mode, salt_by_tenant=args.salt_by_tenant)
-    return requests, trace, trace[0].block_size
 
 
 def _service_apps() -> dict[str, Any]:
@@ -189,145 +147,76 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_traces_info(args: argparse.Namespace) -> int:
-    from skv.traces.info import format_info, trace_info
-
-    requests, _, block_size = _load(args)
-    print(format_info(trace_info(requests, block_size=block_size, mode=args.mode)))
-    return 0
+def register_check(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``check`` to the ``skv`` command line."""
+    p = subparsers.add_parser("check", help="verify the install (imports, registries, configs)")
+    p.set_defaults(func=cmd_check)
 
 
-def cmd_traces_convert(args: argparse.Namespace) -> int:
-    requests, trace, _ = _load(args)
-    out = Path(args.output)
-    if args.to == "skv":
-        from skv.traces.native import write_skv_trace
-
-        write_skv_trace(out, requests, {"source": str(args.trace)})
-    else:
-        from skv.traces.oracle_general import write_oracle_general
-
-        write_oracle_general(out, trace)
-    log.info("wrote %s", out)
-    return 0
+Register = Callable[[argparse._SubParsersAction], Any]
 
 
-def check_replay_args(args: argparse.Namespace) -> None:
-    """Reject unknown policy names and malformed capacities before the trace loads (a real
-    trace takes seconds to minutes to load; a typo should cost nothing)."""
-    from skv.policies.registry import policy_class
-    from skv.sizing import Capacity, get_model
+def domains() -> list[tuple[str, list[Register]]]:
+    """Each domain's title for ``skv --help`` and the ``register`` functions of its cli modules."""
+    from skv import collect
+    from skv.artifact import cli as artifact_cli
+    from skv.experiments import cli as experiments_cli
+    from skv.replay_cli import register as register_replay
+    from skv.services import cli as services_cli
+    from skv.traces import cli as traces_cli
+    from skv.vllm import cli as vllm_cli
 
-    for name in args.policies:
-        policy_class(name)  # ValueError naming the known policies
-    for spec in args.capacity or []:
-        if Capacity.parse(spec).kind == "bytes":
-            if args.model is None:
-                raise ValueError(f"capacity {spec!r} is in bytes: give a model (--model)")
-            get_model(args.model)
-
-
-def cmd_replay(args: argparse.Namespace) -> int:
-    from skv import tracereplay
-    from skv.replay import replay_trace, write_results
-
-    check_replay_args(args)
-    if tracereplay.wants_timed(args):
-        return tracereplay.run_timed(args)
-    _, trace, block_size = _load(args)
-    rows = replay_trace(
-        trace,
-        args.policies,
-        args.capacity,
-        model=args.model,
-        metrics_every=args.metrics_every,
-        progress=None if not args.quiet else False,
-    )
-    out = Path(args.output) if args.output else _default_out("replay", Path(args.trace).stem)
-    meta = {
-        "trace": str(args.trace),
-        "format": args.fmt,
-        "block_size": block_size,
-        "mode": args.mode,
-        "model": args.model,
-        "salt_by_tenant": args.salt_by_tenant,
-        "limit": args.limit,
-        "simulated": "cache-only replay (no timing model); hit rates are simulated",
-    }
-    write_results(rows, out, meta)
-    print(f"{'capacity':>10} {'blocks':>9} {'policy':>18} {'token_hit':>9} {'block_hit':>9}")
-    for r in rows:
-        print(
-            f"{r['capacity']:>10} {r['capacity_blocks']:>9} {r['policy']:>18} "
-            f"{r['token_hit_rate']:>9.4f} {r['block_hit_rate']:>9.4f}"
-        )
-    print(
-        f"infinite-cache ceiling: token {rows[0]['ceiling_token_hit_rate']:.4f}, "
-        f"block {rows[0]['ceiling_block_hit_rate']:.4f}"
-    )
-    print(f"results: {out}/replay_results.csv, replay_results.json")
-    return 0
+    return [
+        ("install", [register_check]),
+        ("traces and cache-only replay", [traces_cli.register, register_replay]),
+        ("serving simulation", [experiments_cli.register, collect.register]),
+        ("paper pipeline", [artifact_cli.register]),
+        ("services (servers bind 127.0.0.1)", [services_cli.register]),
+        ("real vLLM engine", [vllm_cli.register]),
+    ]
 
 
-def _default_out(kind: str, name: str) -> Path:
-    stamp = dt.datetime.now().strftime("%Y%m%d_%H%M%S")
-    return Path("outputs") / kind / f"{stamp}_{name}"
+def _epilog(groups: dict[str, list[tuple[str, str]]]) -> str:
+    """The commands by domain, and the old spellings of the service commands."""
+    from skv.services.cli import COMMANDS as SERVICES
+
+    width = max(len(name) for cmds in groups.values() for name, _ in cmds) + 6
+    lines = ["commands (skv COMMAND --help for each):"]
+    for title, cmds in groups.items():
+        lines.append(f"  {title}:")
+        for name, help_text in cmds:
+            lines += textwrap.wrap(
+                help_text, 100, initial_indent=f"    {name}".ljust(width),
+                subsequent_indent=" " * width, break_on_hyphens=False,
+            )  # fmt: skip
+    lines.append("  old spellings, still accepted (hidden):")
+    lines.append(f"    skv {'|'.join(c.old for c in SERVICES)} ...")
+    lines.append(f"    = skv services {'|'.join(c.name for c in SERVICES)} ...")
+    return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from skv import collect, tracereplay
-    from skv.experiments.cli import register as register_experiments
-    from skv.services.cli import register as register_services
-    from skv.vllm.cli import register as register_vllm
-
+    """The ``skv`` parser: each domain's cli module adds its commands (:func:`domains`)."""
     parser = argparse.ArgumentParser(
         prog="skv",
         description="KV-cache management research artifact: eviction, segment reuse, routing.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser("check", help="verify the install (imports, registries, configs)")
-    p.set_defaults(func=cmd_check)
-
-    p = sub.add_parser(
-        "replay",
-        help="replay a trace through eviction policies (cache only; timed with "
-        "--cache-token-budget or --timed)",
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", help="one of the commands below"
     )
-    _add_trace_args(p)
-    p.add_argument("--policies", nargs="+", default=["lru"], help="policy names (see skv check)")
-    p.add_argument(
-        "--capacity",
-        nargs="+",
-        action="extend",
-        default=None,
-        help="cache sizes: blocks (4096), tokens (50000tok), share of unique blocks (10%%) or "
-        "bytes (30GB, needs --model); repeatable",
-    )
-    p.add_argument("--model", default=None, help="model preset for byte capacities")
-    p.add_argument("--output", default=None, help="output directory")
-    p.add_argument(
-        "--metrics-every", type=int, default=0, help="log policy metrics every N requests"
-    )
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    tracereplay.add_timed_args(p)
-    p.set_defaults(func=cmd_replay)
-    collect.register(sub)
-
-    traces = sub.add_parser("traces", help="inspect and convert traces")
-    tsub = traces.add_subparsers(dest="traces_command", required=True)
-    p = tsub.add_parser("info", help="requests, span, blocks, hit ceiling, type mix")
-    _add_trace_args(p)
-    p.set_defaults(func=cmd_traces_info)
-    p = tsub.add_parser("convert", help="write a trace as skv JSONL or libCacheSim oracleGeneral")
-    _add_trace_args(p)
-    p.add_argument("--to", choices=["skv", "oracle_general"], required=True)
-    p.add_argument("output", help="output file")
-    p.set_defaults(func=cmd_traces_convert)
-    register_experiments(sub)
-    register_services(sub)
-    register_vllm(sub)
+    # argparse lists subcommands in one flat block; list them by domain in the epilog instead.
+    # One entry per command added with help= (hidden aliases add none).
+    listed = sub._choices_actions
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for title, registers in domains():
+        before = len(listed)
+        for register in registers:
+            register(sub)
+        groups[title] = [(a.dest, a.help or "") for a in listed[before:]]
+    del listed[:]
+    parser.epilog = _epilog(groups)
     return parser
 
 

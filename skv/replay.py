@@ -19,50 +19,15 @@ from typing import Any
 
 from tqdm import tqdm
 
-from skv.blocks import DEFAULT_BLOCK_SIZE, KeyingMode, RequestBlocks, request_blocks
+from skv.blocks import RequestBlocks, annotate_next_use
+from skv.blocks import compile_trace as compile_trace  # re-exported: the usual import site
 from skv.fileio import atomic_write
-from skv.model import NUM_TYPES, TYPES, Request
+from skv.model import NUM_TYPES, TYPES
 from skv.policies.registry import OFFLINE, make_cache, policy_class
 from skv.runtime import no_cyclic_gc
 from skv.sizing import Capacity
 
 log = logging.getLogger(__name__)
-
-
-def compile_trace(
-    requests: Sequence[Request],
-    block_size: int | None = None,
-    mode: KeyingMode | str = KeyingMode.PREFIX,
-    *,
-    salt_by_tenant: bool = False,
-) -> list[RequestBlocks]:
-    """Blocks and keys for every request, in arrival order.
-
-    ``block_size=None`` takes a hash-id trace's own block size, else ``DEFAULT_BLOCK_SIZE``.
-    """
-    return [
-        request_blocks(
-            r,
-            block_size or r.hash_block_size or DEFAULT_BLOCK_SIZE,
-            mode,
-            index=i,
-            salt_by_tenant=salt_by_tenant,
-        )
-        for i, r in enumerate(requests)
-    ]
-
-
-def annotate_next_use(trace: Sequence[RequestBlocks]) -> None:
-    """Fill ``next_use``: for each block access, the index of the next request using that key."""
-    never = len(trace) + 1
-    upcoming: dict[int, int] = {}
-    for rb in reversed(trace):
-        nu = []
-        for key in rb.keys:
-            nu.append(upcoming.get(key, never))
-        for key in rb.keys:
-            upcoming[key] = rb.index
-        rb.next_use = nu
 
 
 @dataclass

@@ -22,23 +22,22 @@ unless ``--output``) hold no timestamps or wall times, so the same inputs give i
 
 from __future__ import annotations
 
-import argparse
 import csv
 import datetime as dt
 import io
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from skv.blocks import DEFAULT_BLOCK_SIZE
+from skv.blocks import resolve_block_size
 from skv.fileio import atomic_write
-from skv.latency import LATENCY_MODELS, CalibratedFit, LatencyModel, make_latency_model
+from skv.latency import CalibratedFit, LatencyModel, make_latency_model
 from skv.model import Request
 from skv.replay import compile_trace, resolve_capacities, trace_totals
 from skv.sizing import Capacity
@@ -55,78 +54,18 @@ PLOTS = {
 }
 
 
-# --------------------------------------------------------------------------- CLI arguments
+# --------------------------------------------------------------------------- mode
 
 
-def add_timed_args(p: argparse.ArgumentParser) -> None:
-    """The timed-replay options of ``skv replay`` (any of them selects the timed mode)."""
-    g = p.add_argument_group(
-        "timed replay (serving simulator; selected by --cache-token-budget or --timed)"
-    )
-    g.add_argument(
-        "--cache-token-budget",
-        type=int,
-        default=None,
-        metavar="N",
-        help="KV cache size in tokens per replica; runs the timed replay",
-    )
-    g.add_argument(
-        "--timed",
-        action="store_true",
-        help="run the timed replay at the --capacity sizes (per replica)",
-    )
-    g.add_argument(
-        "--latency-model",
-        choices=sorted(LATENCY_MODELS),
-        default=None,
-        help="model that prices each engine iteration (default linear; calibrated with "
-        "--calibrate-from-trace)",
-    )
-    g.add_argument(
-        "--latency-param",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="latency model constant, e.g. base_ttft_ms=25 or gpu=H100; repeatable",
-    )
-    g.add_argument(
-        "--calibrate-from-trace",
-        action="store_true",
-        help="fit the calibrated latency model to the trace's observed TTFT and cached tokens",
-    )
-    g.add_argument("--replicas", type=int, default=1, help="serving replicas (default 1)")
-    g.add_argument("--router", default="round_robin", help="request router across replicas")
-    g.add_argument("--max-batch-tokens", type=int, default=8192, help="tokens per engine iteration")
-    g.add_argument(
-        "--output-name", default=None, help="name in the output directory (default: trace stem)"
-    )
-
-
-def wants_timed(args: argparse.Namespace) -> bool:
+def wants_timed(
+    *,
+    timed: bool = False,
+    cache_token_budget: int | None = None,
+    calibrate: bool = False,
+    latency_model: str | None = None,
+) -> bool:
     """True when any option of the timed mode was given."""
-    return bool(
-        getattr(args, "timed", False)
-        or getattr(args, "cache_token_budget", None) is not None
-        or getattr(args, "calibrate_from_trace", False)
-        or getattr(args, "latency_model", None) is not None
-    )
-
-
-def _parse_params(items: Sequence[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"--latency-param {item!r}: expected KEY=VALUE")
-        value: Any = raw.strip()
-        for conv in (int, float):
-            try:
-                value = conv(raw)
-                break
-            except ValueError:
-                continue
-        out[key.strip()] = value
-    return out
+    return bool(timed or cache_token_budget is not None or calibrate or latency_model is not None)
 
 
 # --------------------------------------------------------------------------- the run
@@ -199,7 +138,7 @@ def run_replay(
         raise ValueError("timed replay: the trace has no requests")
     for policy in policies:
         policy_class(policy)
-    bs = block_size or requests[0].hash_block_size or DEFAULT_BLOCK_SIZE
+    bs = resolve_block_size(block_size, requests[0])
     unique = None
     if any(Capacity.parse(c).kind == "fraction" for c in capacities):
         unique = trace_totals(compile_trace(requests, block_size, mode)).unique_blocks
@@ -607,7 +546,7 @@ def write_plots(result: TimedReplay, out_dir: Path) -> list[Path]:
     return paths
 
 
-# --------------------------------------------------------------------------- CLI entry
+# --------------------------------------------------------------------------- load, run, write
 
 
 def default_out_dir(name: str) -> Path:
@@ -615,77 +554,88 @@ def default_out_dir(name: str) -> Path:
     return DEFAULT_OUT_ROOT / f"{stamp}_{name}"
 
 
-def run_timed(args: argparse.Namespace) -> int:
-    """``skv replay`` in timed mode: load, (calibrate), simulate, write, print a table."""
+def run_timed(
+    trace: str | Path,
+    policies: Sequence[str],
+    *,
+    fmt: str | None = None,
+    limit: int | None = None,
+    capacities: Sequence[str] | None = None,
+    cache_token_budget: int | None = None,
+    latency_model: str | None = None,
+    latency_params: Mapping[str, Any] | None = None,
+    calibrate: bool = False,
+    model: str | None = None,
+    block_size: int | None = None,
+    mode: str = "prefix",
+    salt_by_tenant: bool = False,
+    replicas: int = 1,
+    router: str = "round_robin",
+    max_batch_tokens: int = 8192,
+    output: str | Path | None = None,
+    output_name: str | None = None,
+    progress: bool | None = None,
+) -> tuple[TimedReplay, Path]:
+    """``skv replay`` in timed mode: load, (calibrate), simulate, write; returns the result and
+    its output directory (``output``, else ``outputs/traces/<timestamp>_<name>``).
+
+    ``cache_token_budget`` (tokens per replica) replaces ``capacities`` (default ``10%``).
+    """
     from skv.traces import load_trace
 
-    requests = load_trace(args.trace, args.fmt)
-    if args.limit is not None:
-        requests = requests[: args.limit]
+    requests = load_trace(trace, fmt)
+    if limit is not None:
+        requests = requests[:limit]
     if not requests:
-        raise SystemExit(f"{args.trace}: no requests")
-    if args.cache_token_budget is not None:
-        if args.cache_token_budget < 1:
-            raise ValueError(f"--cache-token-budget must be >= 1, got {args.cache_token_budget}")
-        if args.capacity not in (None, ["10%"]):
+        raise SystemExit(f"{trace}: no requests")
+    if cache_token_budget is not None:
+        if cache_token_budget < 1:
+            raise ValueError(f"--cache-token-budget must be >= 1, got {cache_token_budget}")
+        if capacities is not None and list(capacities) != ["10%"]:
             raise ValueError("give either --cache-token-budget or --capacity, not both")
-        capacities = [f"{args.cache_token_budget}tok"]
+        capacities = [f"{cache_token_budget}tok"]
     else:
-        capacities = args.capacity or ["10%"]
+        capacities = list(capacities or ["10%"])
     latency, fit = build_latency(
         requests,
-        args.latency_model,
-        _parse_params(args.latency_param),
-        calibrate=args.calibrate_from_trace,
-        model_preset=args.model,
+        latency_model,
+        dict(latency_params or {}),
+        calibrate=calibrate,
+        model_preset=model,
     )
-    name = args.output_name or Path(str(args.trace).rstrip("/")).stem
+    name = output_name or Path(str(trace).rstrip("/")).stem
     meta = {
         "name": name,
-        "trace": str(args.trace),
-        "format": args.fmt,
-        "limit": args.limit,
-        "cache_token_budget": args.cache_token_budget,
+        "trace": str(trace),
+        "format": fmt,
+        "limit": limit,
+        "cache_token_budget": cache_token_budget,
     }
     result = run_replay(
         requests,
-        args.policies,
+        policies,
         capacities,
         latency,
         fit=fit,
-        block_size=args.block_size,
-        mode=args.mode,
-        salt_by_tenant=args.salt_by_tenant,
-        replicas=args.replicas,
-        router=args.router,
-        max_batch_tokens=args.max_batch_tokens,
-        model_preset=args.model,
+        block_size=block_size,
+        mode=mode,
+        salt_by_tenant=salt_by_tenant,
+        replicas=replicas,
+        router=router,
+        max_batch_tokens=max_batch_tokens,
+        model_preset=model,
         meta=meta,
-        progress=False if args.quiet else None,
+        progress=progress,
     )
-    out = Path(args.output) if args.output else default_out_dir(name)
+    out = Path(output) if output else default_out_dir(name)
     write_outputs(result, out)
-    if fit is not None:
-        print(fit.report_text())
-    print(f"TTFT simulated by the {latency.name} latency model")
-    print(
-        f"{'capacity':>12} {'policy':>18} {'mean_ttft_ms':>12} {'p99_ttft_ms':>11} "
-        f"{'tokens_saved':>12} {'token_hit':>9}"
-    )
-    for r in result.rows:
-        print(
-            f"{r['capacity']:>12} {r['policy']:>18} {r['sim_ttft_ms_mean']:>12.2f} "
-            f"{r['sim_ttft_ms_p99']:>11.2f} {r['tokens_saved']:>12} {r['token_hit_rate']:>9.4f}"
-        )
-    print(f"results: {out}/replay_summary.md, replay_results.json, replay_metrics.csv")
-    return 0
+    return result, out
 
 
 __all__ = [
     "CSV_COLUMNS",
     "PLOTS",
     "TimedReplay",
-    "add_timed_args",
     "build_latency",
     "format_summary",
     "run_replay",

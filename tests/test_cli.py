@@ -165,3 +165,108 @@ def test_traces_info_says_when_a_format_has_no_sessions(capsys):
     assert main(["traces", "info", str(DATA / "bailian_tiny.jsonl")]) == 0
     out = capsys.readouterr().out
     assert re.search(r"^sessions +[1-9][0-9,]*$", out, re.M)
+
+
+# --------------------------------------------------------------------------- commands by domain
+
+
+def _leaf_commands(parser, prefix=()):
+    """Every command path of ``skv`` (sub-subcommands included), hidden aliases too."""
+    import argparse
+
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        yield prefix
+        return
+    for name, child in subs[0].choices.items():
+        yield from _leaf_commands(child, (*prefix, name))
+
+
+def test_every_command_and_alias_answers_help(capsys):
+    from skv.cli import build_parser
+
+    paths = list(_leaf_commands(build_parser()))
+    assert ("services", "mock") in paths and ("serve-mock",) in paths
+    assert ("traces", "info") in paths and ("pipeline",) in paths
+    for path in paths:
+        with pytest.raises(SystemExit) as exc:
+            main([*path, "--help"])
+        assert exc.value.code == 0, path
+        assert "usage:" in capsys.readouterr().out, path
+
+
+def test_help_lists_the_commands_by_domain_and_hides_the_old_spellings(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    titles = ["install:", "traces and cache-only replay:", "serving simulation:"]
+    titles += ["paper pipeline:", "services (servers bind 127.0.0.1):", "real vLLM engine:"]
+    at = [out.index(f"\n  {t}\n") for t in titles]
+    assert at == sorted(at)
+    listed = re.findall(r"^    ([a-z-]+)  ", out, re.M)
+    commands = ["check", "traces", "replay", "run", "run-all", "collect-mock", "pipeline"]
+    assert listed == [*commands, "services", "vllm"]
+    assert "skv serve-mock|proxy|router|sim-api|demo-router" in out
+
+
+def test_pipeline_list_delegates_to_the_pipeline(capsys):
+    from skv.pipeline import STEPS
+    from skv.pipeline import main as pipeline_main
+
+    assert main(["pipeline", "list"]) == 0
+    out = capsys.readouterr().out
+    assert [line.split()[0] for line in out.splitlines()] == list(STEPS)
+    assert pipeline_main(["list"]) == 0  # `python -m skv.pipeline list` prints the same
+    assert capsys.readouterr().out == out
+    for argv in (["pipeline", "--help"], ["pipeline", "run", "--help"]):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 0
+    assert "--quick" in capsys.readouterr().out
+
+
+def test_services_group_and_old_spellings_parse_alike(capsys):
+    from skv.cli import build_parser
+    from skv.services import cli as services_cli
+
+    parser = build_parser()
+    with pytest.raises(SystemExit):
+        main(["services", "--help"])
+    out = capsys.readouterr().out
+    for name in ("mock", "proxy", "router", "sim-api", "demo-router"):
+        assert name in out
+    pairs = [
+        (["serve-mock", "--port", "8111", "--policy", "vllm"], ["services", "mock"]),
+        (["router", "--replicas", "http://a,http://b", "--policy", "prefix_locality"],
+         ["services", "router"]),
+        (["proxy", "--upstream", "http://u", "--no-redact"], ["services", "proxy"]),
+        (["sim-api", "--cache-tokens", "9"], ["services", "sim-api"]),
+    ]  # fmt: skip
+    for old, new in pairs:
+        a, b = vars(parser.parse_args(old)), vars(parser.parse_args([*new, *old[1:]]))
+        assert a.pop("command") == old[0] and b.pop("command") == "services"
+        assert b.pop("services_command") == new[1]
+        assert a == b, old
+    assert parser.parse_args(["serve-mock"]).func is services_cli.cmd_serve_mock
+    assert parser.parse_args(["router"]).func is services_cli.cmd_router
+
+
+def test_demo_router_prints_the_same_under_both_spellings(capsys):
+    argv = ["--requests", "6", "--replicas", "2", "--policies", "round_robin", "prefix_locality"]
+    assert main(["demo-router", *argv]) == 0
+    old = capsys.readouterr().out
+    assert main(["services", "demo-router", *argv]) == 0
+    assert capsys.readouterr().out == old
+    assert "prefix_locality" in old and "%" in old
+
+
+def test_traces_info_runs_from_the_traces_module(capsys):
+    from skv.cli import build_parser
+    from skv.traces import cli as traces_cli
+
+    args = build_parser().parse_args(["traces", "info", str(MOONCAKE), "--limit", "3"])
+    assert args.func is traces_cli.cmd_traces_info
+    assert args.func(args) == 0
+    assert re.search(r"^requests +3$", capsys.readouterr().out, re.M)
+    requests, chains, bs = traces_cli.load_compiled(MOONCAKE, None, 3, None, "prefix", False)
+    assert len(requests) == len(chains) == 3 and bs == requests[0].hash_block_size

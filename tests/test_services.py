@@ -321,9 +321,30 @@ def test_router_locality_matches_token_id_prompts_by_block_prefix(tmp_path):
     first = state.blocks(router.token_segments([*head, 1, 2, 3, 4, 5], 4), None)
     state.finish(1, first, ok=True)
     other_tail = state.blocks(router.token_segments([*head, 9, 9, 9, 9], 4), None)
-    assert state.scores(other_tail) == [0.0, 3.0]
-    order, _scores, _why = state.candidates(other_tail)
-    assert order[0] == 1
+    order, scores, why = state.candidates(other_tail)
+    assert scores == [0.0, 3.0]
+    assert order == [1, 0] and why == "prefix_locality"
+
+
+def test_router_state_ranks_with_the_shared_router_then_puts_cooling_replicas_last():
+    """The service passes its max_imbalance (8) to the locality routers, reads in-flight load,
+    and moves a replica cooling down after a failure behind the healthy ones."""
+    cfg = router.RouterConfig(
+        replicas=["http://a", "http://b", "http://c"],
+        policy="prefix_locality",
+        routing_output_dir=None,
+        block_size=4,
+    )
+    state = router.RouterState(cfg)
+    rb = state.blocks(router.token_segments(list(range(100, 112)), 4), None)
+    state.finish(0, rb, ok=True)
+    state.in_flight = [8, 1, 0]  # 8 - 0 is not more than 8: locality holds
+    assert state.candidates(rb) == ([0, 2, 1], [3.0, 0.0, 0.0], "prefix_locality")
+    state.in_flight = [10, 1, 1]  # 10 - 1 > 8: locality gives way
+    order, _, why = state.candidates(rb)
+    assert order == [1, 0, 2] and why == "prefix_locality: imbalance > 8, least loaded"
+    state.finish(1, None, ok=False)  # replica 1 cools down: tried last
+    assert state.candidates(rb)[0] == [0, 2, 1]
 
 
 def test_router_fails_over(tmp_path):

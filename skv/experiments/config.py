@@ -178,9 +178,16 @@ class ReplicaSpec(_Strict):
     @field_validator("router")
     @classmethod
     def _known_router(cls, router: str) -> str:
-        from skv.sim.routers import ROUTERS
+        from skv.routing import ROUTERS
 
         return _known(router, ROUTERS, "router")
+
+    @model_validator(mode="after")
+    def _router_params_accepted(self) -> ReplicaSpec:
+        from skv.routing import make_router
+
+        make_router(self.router, **self.router_params)  # ValueError names the bad parameter
+        return self
 
 
 class BatchSpec(_Strict):

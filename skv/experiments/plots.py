@@ -19,6 +19,7 @@ import matplotlib
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from skv.experiments.outputs import PLOTS
 from skv.plotstyle import (
     DEFAULT_HIGHLIGHT,
     STYLE,
@@ -299,14 +300,7 @@ def write_plots(
     """The six PNGs of one run; ``highlight``: the policies drawn in colour."""
     out_dir = Path(out_dir)
     model = doc["latency"].get("model", "?")
-    paths = {
-        "ttft": out_dir / "policy_comparison_avg_ttft.png",
-        "hit": out_dir / "policy_comparison_hit_rate.png",
-        "saved": out_dir / "tokens_saved_by_policy.png",
-        "evict": out_dir / "evictions_by_semantic_type.png",
-        "weights": out_dir / "adaptive_weights_over_time.png",
-        "memory": out_dir / "memory_utilization_over_time.png",
-    }
+    paths = {key: out_dir / name for key, name in PLOTS.items()}
     bar_by_policy(
         doc,
         "ttft_ms_mean",

@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from skv.experiments.outputs import PLOT_FILES
+
 METRIC_LABELS: dict[str, str] = {
     "ttft_ms_mean": "mean TTFT (ms)",
     "ttft_ms_p50": "p50 TTFT (ms)",
@@ -619,7 +621,7 @@ def summary_markdown(doc: dict[str, Any]) -> str:
         "",
         "`results.json` (everything below, plus time series), `metrics.csv` (one row per "
         "policy x capacity x seed), `metrics_summary.csv` (mean, std, 95% CI per policy x "
-        "capacity), plots: " + ", ".join(f"`{p}`" for p in _plot_files()) + ". Wall-clock "
+        "capacity), plots: " + ", ".join(f"`{p}`" for p in PLOT_FILES) + ". Wall-clock "
         "timings are only in `run.log`.",
         "",
         f"*{doc['simulated']}.*",
@@ -632,12 +634,6 @@ def _params_text(params: dict[str, Any]) -> str:
     if not params:
         return "default parameters"
     return ", ".join(f"{k}={v}" for k, v in params.items())
-
-
-def _plot_files() -> tuple[str, ...]:
-    from skv.experiments.runner import PLOT_FILES
-
-    return PLOT_FILES
 
 
 # ----------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from skv.experiments.config import METRICS, ExperimentConfig, load_config
+from skv.experiments.outputs import PLOT_FILES
 from skv.experiments.stats import mean_ci, paired_diff
 from skv.model import Request
 
@@ -80,14 +81,6 @@ RUN_COLUMNS: tuple[str, ...] = (
     *RUN_METRICS,
 )
 
-PLOT_FILES: tuple[str, ...] = (
-    "policy_comparison_avg_ttft.png",
-    "policy_comparison_hit_rate.png",
-    "tokens_saved_by_policy.png",
-    "evictions_by_semantic_type.png",
-    "adaptive_weights_over_time.png",
-    "memory_utilization_over_time.png",
-)
 OUTPUT_FILES: tuple[str, ...] = (
     "results.json",
     "metrics.csv",

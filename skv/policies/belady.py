@@ -1,7 +1,7 @@
 """``belady``: offline; evict the evictable leaf whose next use is farthest in the future.
 
 Ordering invariant: priority = ``-b.next_use``, lowest first, where ``b.next_use`` is the index
-of the next request that uses the block's key (``skv.replay.annotate_next_use``; the cache copies
+of the next request that uses the block's key (``skv.blocks.annotate_next_use``; the cache copies
 it onto the block at every insert and hit). Keys never used again carry ``len(trace) + 1`` and go
 first; among them, and among any other ties, the earliest pushed goes first (a request's tail
 before its head). On a flat trace of single-block requests this is Belady's MIN, the optimal
@@ -14,10 +14,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from skv.blocks import RequestBlocks
+from skv.blocks import RequestBlocks, annotate_next_use
 from skv.cache.block import Block
 from skv.policies.base import PriorityPolicy
-from skv.replay import annotate_next_use
 
 
 class Belady(PriorityPolicy):

@@ -2,12 +2,18 @@
 
 Names are what configs and the CLI use. ``vllm`` is not a policy plugged into the radix cache
 but vLLM's own block pool (``skv.cache.vllm_pool``), modelled exactly.
+
+This module is the top of the cache + policy group: it imports the caches and (by name) the
+policies, and nothing in ``skv/cache`` or ``skv/policies`` imports it (tests/test_layers.py).
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import Any
+
+from skv.cache.radix import BlockCache
+from skv.cache.vllm_pool import VllmBlockPool
 
 #: name -> "module:Class"; modules are imported on first use
 POLICIES: dict[str, str] = {
@@ -45,9 +51,6 @@ def make_cache(
     **cache_options: Any,
 ) -> Any:
     """A ready cache for policy ``name``: a ``BlockCache`` or, for ``vllm``, a ``VllmBlockPool``."""
-    from skv.cache.radix import BlockCache
-    from skv.cache.vllm_pool import VllmBlockPool
-
     cls = policy_class(name)
     if cls is VllmBlockPool:
         if params:

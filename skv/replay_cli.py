@@ -1,0 +1,221 @@
+"""``skv replay``: a trace through eviction policies, cache only (:mod:`skv.replay`) or timed
+through the serving simulator (:mod:`skv.tracereplay`, selected by any timed option).
+
+The command line ends here: the library functions get typed parameters, never the Namespace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from skv.traces.cli import add_trace_args, load_compiled
+
+
+def add_timed_args(p: argparse.ArgumentParser) -> None:
+    """The timed-replay options of ``skv replay`` (any of them selects the timed mode)."""
+    from skv.latency import LATENCY_MODELS
+
+    g = p.add_argument_group(
+        "timed replay (serving simulator; selected by --cache-token-budget or --timed)"
+    )
+    g.add_argument(
+        "--cache-token-budget",
+        type=int,
+        default=None,
+        metavar="N",
+        help="KV cache size in tokens per replica; runs the timed replay",
+    )
+    g.add_argument(
+        "--timed",
+        action="store_true",
+        help="run the timed replay at the --capacity sizes (per replica)",
+    )
+    g.add_argument(
+        "--latency-model",
+        choices=sorted(LATENCY_MODELS),
+        default=None,
+        help="model that prices each engine iteration (default linear; calibrated with "
+        "--calibrate-from-trace)",
+    )
+    g.add_argument(
+        "--latency-param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="latency model constant, e.g. base_ttft_ms=25 or gpu=H100; repeatable",
+    )
+    g.add_argument(
+        "--calibrate-from-trace",
+        action="store_true",
+        help="fit the calibrated latency model to the trace's observed TTFT and cached tokens",
+    )
+    g.add_argument("--replicas", type=int, default=1, help="serving replicas (default 1)")
+    g.add_argument("--router", default="round_robin", help="request router across replicas")
+    g.add_argument("--max-batch-tokens", type=int, default=8192, help="tokens per engine iteration")
+    g.add_argument(
+        "--output-name", default=None, help="name in the output directory (default: trace stem)"
+    )
+
+
+def parse_latency_params(items: Sequence[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` strings -> constants (ints and floats converted)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--latency-param {item!r}: expected KEY=VALUE")
+        value: Any = raw.strip()
+        for conv in (int, float):
+            try:
+                value = conv(raw)
+                break
+            except ValueError:
+                continue
+        out[key.strip()] = value
+    return out
+
+
+def check_replay_args(args: argparse.Namespace) -> None:
+    """Reject unknown policy names and malformed capacities before the trace loads (a real
+    trace takes seconds to minutes to load; a typo should cost nothing)."""
+    from skv.policies.registry import policy_class
+    from skv.sizing import Capacity, get_model
+
+    for name in args.policies:
+        policy_class(name)  # ValueError naming the known policies
+    for spec in args.capacity or []:
+        if Capacity.parse(spec).kind == "bytes":
+            if args.model is None:
+                raise ValueError(f"capacity {spec!r} is in bytes: give a model (--model)")
+            get_model(args.model)
+
+
+def _default_out(kind: str, name: str) -> Path:
+    stamp = dt.datetime.now().strftime("%Y%m%d_%H%M%S")
+    return Path("outputs") / kind / f"{stamp}_{name}"
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from skv import tracereplay
+
+    check_replay_args(args)
+    timed = tracereplay.wants_timed(
+        timed=args.timed,
+        cache_token_budget=args.cache_token_budget,
+        calibrate=args.calibrate_from_trace,
+        latency_model=args.latency_model,
+    )
+    return cmd_replay_timed(args) if timed else cmd_replay_cache_only(args)
+
+
+def cmd_replay_cache_only(args: argparse.Namespace) -> int:
+    from skv.replay import replay_trace, write_results
+
+    _, trace, block_size = load_compiled(
+        args.trace, args.fmt, args.limit, args.block_size, args.mode, args.salt_by_tenant
+    )
+    rows = replay_trace(
+        trace,
+        args.policies,
+        args.capacity,
+        model=args.model,
+        metrics_every=args.metrics_every,
+        progress=None if not args.quiet else False,
+    )
+    out = Path(args.output) if args.output else _default_out("replay", Path(args.trace).stem)
+    meta = {
+        "trace": str(args.trace),
+        "format": args.fmt,
+        "block_size": block_size,
+        "mode": args.mode,
+        "model": args.model,
+        "salt_by_tenant": args.salt_by_tenant,
+        "limit": args.limit,
+        "simulated": "cache-only replay (no timing model); hit rates are simulated",
+    }
+    write_results(rows, out, meta)
+    print(f"{'capacity':>10} {'blocks':>9} {'policy':>18} {'token_hit':>9} {'block_hit':>9}")
+    for r in rows:
+        print(
+            f"{r['capacity']:>10} {r['capacity_blocks']:>9} {r['policy']:>18} "
+            f"{r['token_hit_rate']:>9.4f} {r['block_hit_rate']:>9.4f}"
+        )
+    print(
+        f"infinite-cache ceiling: token {rows[0]['ceiling_token_hit_rate']:.4f}, "
+        f"block {rows[0]['ceiling_block_hit_rate']:.4f}"
+    )
+    print(f"results: {out}/replay_results.csv, replay_results.json")
+    return 0
+
+
+def cmd_replay_timed(args: argparse.Namespace) -> int:
+    """Unpack the Namespace into :func:`skv.tracereplay.run_timed`; print its table."""
+    from skv.tracereplay import run_timed
+
+    result, out = run_timed(
+        args.trace,
+        args.policies,
+        fmt=args.fmt,
+        limit=args.limit,
+        capacities=args.capacity,
+        cache_token_budget=args.cache_token_budget,
+        latency_model=args.latency_model,
+        latency_params=parse_latency_params(args.latency_param),
+        calibrate=args.calibrate_from_trace,
+        model=args.model,
+        block_size=args.block_size,
+        mode=args.mode,
+        salt_by_tenant=args.salt_by_tenant,
+        replicas=args.replicas,
+        router=args.router,
+        max_batch_tokens=args.max_batch_tokens,
+        output=args.output,
+        output_name=args.output_name,
+        progress=False if args.quiet else None,
+    )
+    if result.fit is not None:
+        print(result.fit.report_text())
+    print(f"TTFT simulated by the {result.latency.name} latency model")
+    print(
+        f"{'capacity':>12} {'policy':>18} {'mean_ttft_ms':>12} {'p99_ttft_ms':>11} "
+        f"{'tokens_saved':>12} {'token_hit':>9}"
+    )
+    for r in result.rows:
+        print(
+            f"{r['capacity']:>12} {r['policy']:>18} {r['sim_ttft_ms_mean']:>12.2f} "
+            f"{r['sim_ttft_ms_p99']:>11.2f} {r['tokens_saved']:>12} {r['token_hit_rate']:>9.4f}"
+        )
+    print(f"results: {out}/replay_summary.md, replay_results.json, replay_metrics.csv")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``replay`` to the ``skv`` command line; return its parser."""
+    p = subparsers.add_parser(
+        "replay",
+        help="replay a trace through eviction policies (cache only; timed with "
+        "--cache-token-budget or --timed)",
+    )
+    add_trace_args(p)
+    p.add_argument("--policies", nargs="+", default=["lru"], help="policy names (see skv check)")
+    p.add_argument(
+        "--capacity",
+        nargs="+",
+        action="extend",
+        default=None,
+        help="cache sizes: blocks (4096), tokens (50000tok), share of unique blocks (10%%) or "
+        "bytes (30GB, needs --model); repeatable",
+    )
+    p.add_argument("--model", default=None, help="model preset for byte capacities")
+    p.add_argument("--output", default=None, help="output directory")
+    p.add_argument(
+        "--metrics-every", type=int, default=0, help="log policy metrics every N requests"
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_timed_args(p)
+    p.set_defaults(func=cmd_replay)
+    return p

@@ -1,0 +1,119 @@
+"""The router interface and the replica view a router reads.
+
+A router never sees a replica itself, only a :class:`ReplicaView`: its ``load``, how many
+requests were ``routed`` there, and ``match(rb)``, the leading blocks of ``rb`` the router
+believes that replica has cached. Whoever owns the replicas builds the views:
+
+- the router service (``skv.services.router``): ``load`` = requests in flight through it,
+  ``match`` = its approximate per-replica LRU cache, or (``precise``) the blocks the engine
+  reported through KV-cache events;
+- the serving simulator (``skv.sim.routers``): ``load`` = queued + running requests, ``match`` =
+  the replica's exact cache (an idealised router).
+
+Invariant: ``rank`` returns every replica index exactly once, best first; a caller takes the
+first (simulator) or fails over down the order (service).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, Protocol
+
+if TYPE_CHECKING:
+    from skv.blocks import RequestBlocks
+
+
+class ReplicaView(Protocol):
+    """What a router may know about one replica at the moment it routes."""
+
+    @property
+    def load(self) -> int: ...
+
+    @property
+    def routed(self) -> int: ...
+
+    def match(self, rb: RequestBlocks) -> float:
+        """Leading blocks of ``rb`` this replica holds, as far as the router can tell."""
+        ...
+
+
+@dataclass(frozen=True)
+class FixedView:
+    """A view frozen at one moment (the service builds these under its lock; tests too).
+    ``lookup``: the match function; None: nothing cached."""
+
+    load: int
+    routed: int = 0
+    lookup: Callable[[RequestBlocks], float] | None = None
+
+    def match(self, rb: RequestBlocks) -> float:
+        return float(self.lookup(rb)) if self.lookup is not None else 0.0
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """Every replica index, best first; the per-replica scores used (None: cache-blind); and a
+    short reason for the first (written to the service's decision log)."""
+
+    order: list[int]
+    scores: list[float] | None
+    reason: str
+
+    @property
+    def first(self) -> int:
+        return self.order[0]
+
+
+def least_loaded_order(views: Sequence[ReplicaView]) -> list[int]:
+    """Replica indices by (load, routed, index): the one tie-break every router shares."""
+    return sorted(range(len(views)), key=lambda i: (views[i].load, views[i].routed, i))
+
+
+class Router:
+    """Ranks replicas for one request. State a router keeps (a round-robin counter) lives in
+    the router object, so one object routes one stream of requests."""
+
+    name: ClassVar[str] = "base"
+    #: True when the ranking reads ``match`` (the replica's cache as the router sees it)
+    cache_aware: ClassVar[bool] = False
+
+    def rank(self, rb: RequestBlocks, views: Sequence[ReplicaView]) -> Ranking:
+        raise NotImplementedError
+
+
+class LocalityRouter(Router):
+    """Cache-aware: replicas by (-score, load, routed, index), score = :meth:`score`.
+
+    ``max_imbalance``: when the top replica has more than this many more requests (``load``)
+    than the least loaded one, locality gives way and the least loaded goes first (None: never;
+    the service uses 8, the simulator None). With no match anywhere the order is the least
+    loaded's, which the reason says.
+    """
+
+    cache_aware = True
+
+    def __init__(self, max_imbalance: int | None = None) -> None:
+        if max_imbalance is not None and max_imbalance < 0:
+            raise ValueError(f"max_imbalance must be >= 0 or None, got {max_imbalance}")
+        self.max_imbalance = max_imbalance
+
+    def score(self, rb: RequestBlocks, view: ReplicaView) -> float:
+        """How much of ``rb`` the replica holds; higher is better (default: matched blocks)."""
+        return view.match(rb)
+
+    def rank(self, rb: RequestBlocks, views: Sequence[ReplicaView]) -> Ranking:
+        scores = [self.score(rb, v) for v in views]
+        load = [v.load for v in views]
+        routed = [v.routed for v in views]
+        n = len(views)
+        order = sorted(range(n), key=lambda i: (-scores[i], load[i], routed[i], i))
+        least = min(range(n), key=lambda i: (load[i], routed[i], i))
+        reason = self.name
+        if self.max_imbalance is not None and load[order[0]] - load[least] > self.max_imbalance:
+            order.remove(least)
+            order.insert(0, least)
+            reason = f"{self.name}: imbalance > {self.max_imbalance}, least loaded"
+        elif scores[order[0]] <= 0:
+            reason = f"{self.name}: no match, least loaded"
+        return Ranking(order, scores, reason)

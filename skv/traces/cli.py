@@ -1,0 +1,117 @@
+"""``skv traces info | convert``: inspect a trace, or write it as skv JSONL or oracleGeneral.
+
+:func:`add_trace_args` and :func:`load_compiled` are shared with ``skv replay``
+(:mod:`skv.replay_cli`): every command that reads a trace takes the same options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from skv.blocks import RequestBlocks
+from skv.model import Request
+
+log = logging.getLogger(__name__)
+
+
+def add_trace_args(p: argparse.ArgumentParser) -> None:
+    """The trace, its format, block keying and a request limit."""
+    p.add_argument("trace", help="trace file or directory (format detected from content)")
+    p.add_argument(
+        "--format",
+        dest="fmt",
+        default=None,
+        help="force the trace format (skv, mooncake, claude_code, azure2023, bailian)",
+    )
+    p.add_argument(
+        "--block-size",
+        type=int,
+        default=None,
+        help="KV block size in tokens (default: the trace's own, else 16 as vLLM on GPU)",
+    )
+    p.add_argument(
+        "--mode",
+        choices=["prefix", "segment"],
+        default="prefix",
+        help="block keying: exact prefix (vLLM) or position-independent segments",
+    )
+    p.add_argument(
+        "--salt-by-tenant",
+        action="store_true",
+        help="salt each chain with the tenant id (vLLM cache_salt isolation)",
+    )
+    p.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
+
+
+def load_requests(trace: str | Path, fmt: str | None, limit: int | None) -> list[Request]:
+    """The trace's requests (the first ``limit``); exits when there are none."""
+    from skv.traces import load_trace
+
+    requests = load_trace(trace, fmt)
+    if limit is not None:
+        requests = requests[:limit]
+    if not requests:
+        raise SystemExit(f"{trace}: no requests")
+    return requests
+
+
+def load_compiled(
+    trace: str | Path,
+    fmt: str | None,
+    limit: int | None,
+    block_size: int | None,
+    mode: str,
+    salt_by_tenant: bool,
+) -> tuple[list[Request], list[RequestBlocks], int]:
+    """Requests, their compiled block chains and the block size the chains use."""
+    from skv.replay import compile_trace
+
+    requests = load_requests(trace, fmt, limit)
+    compiled = compile_trace(requests, block_size, mode, salt_by_tenant=salt_by_tenant)
+    return requests, compiled, compiled[0].block_size
+
+
+def _load_args(args: argparse.Namespace) -> tuple[list[Request], list[RequestBlocks], int]:
+    return load_compiled(
+        args.trace, args.fmt, args.limit, args.block_size, args.mode, args.salt_by_tenant
+    )
+
+
+def cmd_traces_info(args: argparse.Namespace) -> int:
+    from skv.traces.info import format_info, trace_info
+
+    requests, _, block_size = _load_args(args)
+    print(format_info(trace_info(requests, block_size=block_size, mode=args.mode)))
+    return 0
+
+
+def cmd_traces_convert(args: argparse.Namespace) -> int:
+    requests, compiled, _ = _load_args(args)
+    out = Path(args.output)
+    if args.to == "skv":
+        from skv.traces.native import write_skv_trace
+
+        write_skv_trace(out, requests, {"source": str(args.trace)})
+    else:
+        from skv.traces.oracle_general import write_oracle_general
+
+        write_oracle_general(out, compiled)
+    log.info("wrote %s", out)
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add the ``traces`` command group; return its parser."""
+    traces = subparsers.add_parser("traces", help="inspect and convert traces (info, convert)")
+    tsub = traces.add_subparsers(dest="traces_command", required=True)
+    p = tsub.add_parser("info", help="requests, span, blocks, hit ceiling, type mix")
+    add_trace_args(p)
+    p.set_defaults(func=cmd_traces_info)
+    p = tsub.add_parser("convert", help="write a trace as skv JSONL or libCacheSim oracleGeneral")
+    add_trace_args(p)
+    p.add_argument("--to", choices=["skv", "oracle_general"], required=True)
+    p.add_argument("output", help="output file")
+    p.set_defaults(func=cmd_traces_convert)
+    return traces

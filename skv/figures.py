@@ -24,6 +24,7 @@ import pandas as pd
 import yaml
 from matplotlib.figure import Figure
 
+from skv.experiments.config import experiment_title
 from skv.plotstyle import (
     DEFAULT_HIGHLIGHT,
     figure,
@@ -110,13 +111,6 @@ def _recs(doc: dict[str, Any], capacity: str) -> list[dict[str, Any]]:
 
 def _label(rec: dict[str, Any]) -> str:
     return f"{rec['policy']} (offline)" if rec["offline"] else rec["policy"]
-
-
-def experiment_title(doc: dict[str, Any]) -> str:
-    """The config's ``title`` (documents written before titles existed: the id, humanised)."""
-    from skv.experiments.config import humanise_id
-
-    return (doc.get("config") or {}).get("title") or humanise_id(str(doc["experiment"]))
 
 
 def _wrap(text: str, width: int) -> str:

@@ -97,9 +97,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     # name through the registry in workloads/__init__.py, which lists it (function-level).
     # A registry module separate from the package __init__ clears it.
     ("skv.workloads.workload_shift", "skv.workloads"): "looks up its parts in WORKLOADS",
-    # cycle figures -> experiments (run_all) -> runner -> plots -> figures: plots.py borrows
-    # experiment_title from figures.py. One figure function per figure (issue 10) clears it.
-    ("skv.experiments.plots", "skv.figures"): "experiment_title lives in figures.py",
 }
 
 _BY_NAME = re.compile(r"(skv(?:\.\w+)+):\w+")

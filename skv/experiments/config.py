@@ -66,6 +66,12 @@ def humanise_id(ident: str) -> str:
     return text[:1].upper() + text[1:]
 
 
+def experiment_title(doc: dict[str, Any]) -> str:
+    """The title of a results document's config (documents written before titles existed: the
+    id, humanised)."""
+    return (doc.get("config") or {}).get("title") or humanise_id(str(doc["experiment"]))
+
+
 class ConfigError(ValueError):
     """A config file that cannot be used; the message names the file and the field."""
 

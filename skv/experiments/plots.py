@@ -39,7 +39,7 @@ def _figure(width: float = 7.0, height: float = 3.8) -> Figure:
 
 
 def _title(doc: dict[str, Any]) -> str:
-    from skv.figures import experiment_title
+    from skv.experiments.config import experiment_title
 
     return experiment_title(doc)
 

@@ -90,9 +90,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     # through the C vtable. Moving ``Policy`` (and its .pxd block) from policies/base.py down
     # into skv/cache/ clears it; that file was outside this change.
     ("skv.cache.radix", "skv.policies.base"): "Policy interface lives in policies/base.py",
-    # module cycle sim.engine <-> sim.results (type-only): results annotate with SimConfig,
-    # defined in engine.py, which builds the results. A sim/config.py below both clears it.
-    ("skv.sim.results", "skv.sim.engine"): "TYPE_CHECKING import of SimConfig",
     # module cycle workloads <-> workload_shift: the shift workload mixes other workloads by
     # name through the registry in workloads/__init__.py, which lists it (function-level).
     # A registry module separate from the package __init__ clears it.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import logging
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
 from tqdm import tqdm
@@ -26,31 +26,12 @@ from skv.blocks import (
 from skv.latency.base import LatencyModel
 from skv.model import Request, Segment, SemanticType, content_hash
 from skv.policies.registry import OFFLINE, make_cache
+from skv.sim.config import SimConfig
 from skv.sim.replica import Replica, RequestState
 from skv.sim.results import SimResult, summarize
 from skv.sim.routers import SimRouting
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class SimConfig:
-    """One simulated deployment; capacities and batch limits are per replica."""
-
-    policy: str = "lru"
-    policy_params: dict[str, Any] = field(default_factory=dict)
-    capacity_blocks: int = 4096
-    block_size: int | None = None
-    mode: str = "prefix"
-    salt_by_tenant: bool = False
-    replicas: int = 1
-    router: str = "round_robin"
-    router_params: dict[str, Any] = field(default_factory=dict)
-    max_batch_tokens: int = 8192
-    max_running: int = 256
-    include_output_blocks: bool = True
-    sample_every_s: float = 1.0
-    policy_metrics_every: int = 100
 
 
 def simulate(

@@ -16,7 +16,7 @@ from skv.model import NUM_TYPES, TYPES
 
 if TYPE_CHECKING:
     from skv.latency.base import LatencyModel
-    from skv.sim.engine import SimConfig
+    from skv.sim.config import SimConfig
     from skv.sim.replica import Replica, RequestState
 
 

@@ -1,0 +1,26 @@
+"""The simulated deployment's knobs: below the engine and the results that both use them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class SimConfig:
+    """One simulated deployment; capacities and batch limits are per replica."""
+
+    policy: str = "lru"
+    policy_params: dict[str, Any] = field(default_factory=dict)
+    capacity_blocks: int = 4096
+    block_size: int | None = None
+    mode: str = "prefix"
+    salt_by_tenant: bool = False
+    replicas: int = 1
+    router: str = "round_robin"
+    router_params: dict[str, Any] = field(default_factory=dict)
+    max_batch_tokens: int = 8192
+    max_running: int = 256
+    include_output_blocks: bool = True
+    sample_every_s: float = 1.0
+    policy_metrics_every: int = 100

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from skv.experiments.config import METRICS, ExperimentConfig, load_config
+from skv.experiments.config import METRICS, ExperimentConfig, PolicySpec, load_config
 from skv.experiments.outputs import PLOT_FILES
 from skv.experiments.stats import mean_ci, paired_diff
 from skv.model import Request
@@ -126,6 +126,87 @@ def unique_prompt_blocks(requests: Sequence[Request], config: ExperimentConfig) 
 # running
 
 
+def _trace_facts(seed: int, requests: Sequence[Request], unique: int) -> dict[str, Any]:
+    """What the results document records about one seed's workload trace."""
+    return {
+        "seed": seed,
+        "requests": len(requests),
+        "prompt_tokens": sum(r.prompt_tokens for r in requests),
+        "unique_blocks": unique,
+        "span_s": max(r.arrival_s for r in requests) - min(r.arrival_s for r in requests),
+    }
+
+
+def _sim_config(config: ExperimentConfig, policy: PolicySpec, blocks: int) -> Any:
+    """The simulator settings of one (policy, capacity) cell of the experiment."""
+    from skv.sim import SimConfig
+
+    return SimConfig(
+        policy=policy.name,
+        policy_params=dict(policy.params),
+        capacity_blocks=blocks,
+        block_size=config.block_size,
+        mode=config.keying,
+        salt_by_tenant=config.salt_by_tenant,
+        replicas=config.replicas.count,
+        router=config.replicas.router,
+        router_params=dict(config.replicas.router_params),
+        max_batch_tokens=config.batch.max_batch_tokens,
+        max_running=config.batch.max_running,
+        include_output_blocks=config.include_output_blocks,
+        sample_every_s=config.sample_every_s,
+        policy_metrics_every=config.policy_metrics_every,
+    )
+
+
+def _run_row(
+    config: ExperimentConfig,
+    desc: dict[str, Any],
+    policy: PolicySpec,
+    cap: Any,
+    blocks: int,
+    unique: int,
+    seed: int,
+    res: Any,
+) -> dict[str, Any]:
+    """One row of ``runs``: the cell's identity, its headline metrics and per-type tables."""
+    s = res.summary
+    run = {
+        "experiment": config.id,
+        "workload": config.workload.name,
+        "latency_model": desc.get("model", config.latency.name),
+        "policy": policy.key,
+        "policy_name": policy.name,
+        "offline": policy.offline,
+        "capacity": str(cap),
+        "capacity_blocks": blocks,
+        "unique_blocks": unique,
+        "seed": seed,
+        **{m: s[m] for m in RUN_METRICS},
+        "hit_rate_by_type": dict(sorted(s["hit_rate_by_type"].items())),
+        "block_hit_rate_by_type": dict(sorted(s["block_hit_rate_by_type"].items())),
+        "prompt_tokens_by_type": dict(sorted(s["prompt_tokens_by_type"].items())),
+        "evictions_by_type": dict(sorted(s["evictions_by_type"].items())),
+    }
+    run.update(_learned_weights(policy.name, dict(policy.params), res.policy_series, run))
+    return run
+
+
+def _add_series(
+    series: dict[str, list[dict[str, Any]]],
+    policy: PolicySpec,
+    cap: Any,
+    blocks: int,
+    res: Any,
+    run: dict[str, Any],
+) -> None:
+    """Time series (memory; learned weights when the policy logs them) of the first seed."""
+    where = {"policy": policy.key, "capacity": str(cap)}
+    series["memory"].append({**where, **_memory_series(res.memory, blocks)})
+    if res.policy_series:
+        series["weights"].append({**where, **_weight_series(res.policy_series, run)})
+
+
 def simulate_experiment(
     config: ExperimentConfig,
     *,
@@ -135,9 +216,13 @@ def simulate_experiment(
     on_run: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Simulate every seed x capacity x policy; returns the results document (JSON-ready, no
-    timings). Wall-clock timings, if wanted, are appended to ``timings`` as log lines."""
+    timings). Wall-clock timings, if wanted, are appended to ``timings`` as log lines.
+
+    Steps per seed: generate the workload trace, size every capacity against its unique
+    blocks, simulate each policy (:func:`_sim_config`), record a row (:func:`_run_row`) and,
+    for the first seed, the time series (:func:`_add_series`); then aggregate over seeds."""
     from skv.latency import make_latency_model
-    from skv.sim import SimConfig, simulate
+    from skv.sim import simulate
     from skv.sizing import Capacity
 
     latency = make_latency_model(config.latency.name, **config.latency.params)
@@ -147,23 +232,13 @@ def simulate_experiment(
     series: dict[str, list[dict[str, Any]]] = {"memory": [], "weights": []}
     traces: list[dict[str, Any]] = []
     total = len(config.seeds) * len(config.capacities) * len(config.policies)
-    done = 0
     for seed in config.seeds:
         t0 = time.perf_counter()
-        params = workload_params(config, seed, quick)
-        requests = make_requests(config.workload.name, params)
+        requests = make_requests(config.workload.name, workload_params(config, seed, quick))
         if not requests:
             raise ValueError(f"{config.id}: workload {config.workload.name!r} gave no requests")
         unique = unique_prompt_blocks(requests, config)
-        traces.append(
-            {
-                "seed": seed,
-                "requests": len(requests),
-                "prompt_tokens": sum(r.prompt_tokens for r in requests),
-                "unique_blocks": unique,
-                "span_s": max(r.arrival_s for r in requests) - min(r.arrival_s for r in requests),
-            }
-        )
+        traces.append(_trace_facts(seed, requests, unique))
         _note(
             timings,
             f"seed {seed}: workload {len(requests)} requests, {unique} unique "
@@ -174,76 +249,28 @@ def simulate_experiment(
                 block_size=config.block_size, unique_blocks=unique, model=config.model
             )
             for pol in config.policies:
-                sim_config = SimConfig(
-                    policy=pol.name,
-                    policy_params=dict(pol.params),
-                    capacity_blocks=blocks,
-                    block_size=config.block_size,
-                    mode=config.keying,
-                    salt_by_tenant=config.salt_by_tenant,
-                    replicas=config.replicas.count,
-                    router=config.replicas.router,
-                    router_params=dict(config.replicas.router_params),
-                    max_batch_tokens=config.batch.max_batch_tokens,
-                    max_running=config.batch.max_running,
-                    include_output_blocks=config.include_output_blocks,
-                    sample_every_s=config.sample_every_s,
-                    policy_metrics_every=config.policy_metrics_every,
-                )
                 t1 = time.perf_counter()
                 try:
-                    res = simulate(requests, sim_config, latency, progress=progress)
+                    res = simulate(
+                        requests, _sim_config(config, pol, blocks), latency, progress=progress
+                    )
                 except RuntimeError as exc:  # e.g. a request larger than the whole cache
                     raise ValueError(
                         f"{config.id}: seed {seed}, capacity {cap} ({blocks} blocks), policy "
                         f"{pol.key}: {exc}"
                     ) from exc
-                elapsed = time.perf_counter() - t1
-                s = res.summary
-                run = {
-                    "experiment": config.id,
-                    "workload": config.workload.name,
-                    "latency_model": desc.get("model", config.latency.name),
-                    "policy": pol.key,
-                    "policy_name": pol.name,
-                    "offline": pol.offline,
-                    "capacity": str(cap),
-                    "capacity_blocks": blocks,
-                    "unique_blocks": unique,
-                    "seed": seed,
-                    **{m: s[m] for m in RUN_METRICS},
-                    "hit_rate_by_type": dict(sorted(s["hit_rate_by_type"].items())),
-                    "block_hit_rate_by_type": dict(sorted(s["block_hit_rate_by_type"].items())),
-                    "prompt_tokens_by_type": dict(sorted(s["prompt_tokens_by_type"].items())),
-                    "evictions_by_type": dict(sorted(s["evictions_by_type"].items())),
-                }
-                run.update(_learned_weights(pol.name, dict(pol.params), res.policy_series, run))
+                run = _run_row(config, desc, pol, cap, blocks, unique, seed, res)
                 runs.append(run)
-                done += 1
                 _note(
                     timings,
-                    f"[{done}/{total}] seed {seed} capacity {cap} ({blocks} blocks) "
-                    f"{pol.key}: ttft {s['ttft_ms_mean']:.1f} ms, token hit "
-                    f"{s['token_hit_rate']:.3f} ({elapsed:.2f} s)",
+                    f"[{len(runs)}/{total}] seed {seed} capacity {cap} ({blocks} blocks) "
+                    f"{pol.key}: ttft {run['ttft_ms_mean']:.1f} ms, token hit "
+                    f"{run['token_hit_rate']:.3f} ({time.perf_counter() - t1:.2f} s)",
                 )
                 if on_run is not None:
                     on_run(run)
                 if seed == config.seeds[0]:
-                    series["memory"].append(
-                        {
-                            "policy": pol.key,
-                            "capacity": str(cap),
-                            **_memory_series(res.memory, blocks),
-                        }
-                    )
-                    if res.policy_series:
-                        series["weights"].append(
-                            {
-                                "policy": pol.key,
-                                "capacity": str(cap),
-                                **_weight_series(res.policy_series, run),
-                            }
-                        )
+                    _add_series(series, pol, cap, blocks, res, run)
     doc = {
         "experiment": config.id,
         "description": config.description,

@@ -232,8 +232,9 @@ def test_capacity_is_never_exceeded_with_mixed_requests(policy):
 
 
 def test_an_internal_block_is_never_evicted_while_it_has_cached_children(policy):
-    # 1 is the parent of 2 and of 3; then unrelated single blocks push everything out
-    trace = trace_of([1, 2], [1, 3], *[[100 + j] for j in range(12)])
+    # 1 is the parent of 2 and of 3 (and hit once); then unrelated single blocks, each used
+    # three times (so frequency-based policies rank them above 1 too), push everything out
+    trace = trace_of([1, 2], [1, 3], *[[100 + j] for j in range(12) for _ in range(3)])
     cache = new_cache(policy, 3, trace, record_evictions=True)
     for r in trace:
         cache.access(r, r.arrival_s)
@@ -241,9 +242,9 @@ def test_an_internal_block_is_never_evicted_while_it_has_cached_children(policy)
         if 1 not in cache.blocks:
             assert 2 not in cache.blocks and 3 not in cache.blocks
     order = [key for _, key, _, _ in cache.eviction_log]
-    if 1 in order:
-        assert order.index(1) > order.index(2)
-        assert order.index(1) > order.index(3)
+    assert 1 in order, f"{policy} kept block 1: the leaf-only check never ran"
+    assert order.index(1) > order.index(2)
+    assert order.index(1) > order.index(3)
 
 
 def test_a_chain_reused_twice_then_pushed_out_evicts_the_child_first(policy):

@@ -41,7 +41,20 @@ def simulate(
     *,
     progress: bool | None = None,
 ) -> SimResult:
-    """Serve ``requests`` (any order; sorted by arrival here) and measure every request."""
+    """Serve ``requests`` (any order; sorted by arrival here) and measure every request.
+
+    Every prompt needs at least one token: an engine computes the last prompt token to emit the
+    first output token, and a request with nothing to prefill would never get one (it used to
+    loop forever). Such a request is rejected with its id, before anything runs."""
+    empty = [r.request_id for r in requests if r.prompt_tokens <= 0]
+    if empty:
+        shown = ", ".join(map(str, empty[:5])) + (
+            f" and {len(empty) - 5} more" if len(empty) > 5 else ""
+        )
+        raise ValueError(
+            f"{len(empty)} request(s) with an empty prompt (0 tokens): {shown}; a serving "
+            "engine needs at least one prompt token (drop or fix them in the trace)"
+        )
     order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_s, i))
     ordered = [requests[i] for i in order]
     mode = KeyingMode(config.mode)

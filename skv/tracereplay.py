@@ -113,6 +113,63 @@ def build_latency(
     return make_latency_model(name, **params), None
 
 
+def _observed(ordered: Sequence[Request]) -> tuple[np.ndarray, np.ndarray]:
+    """The TTFTs and cached tokens a real system recorded per request (NaN where none)."""
+    obs = np.array(
+        [np.nan if r.observed_ttft_ms is None else r.observed_ttft_ms for r in ordered],
+        dtype=float,
+    )
+    obs_cached = np.array(
+        [np.nan if r.observed_cached_tokens is None else r.observed_cached_tokens for r in ordered],
+        dtype=float,
+    )
+    return obs, obs_cached
+
+
+def _result_row(
+    spec: str, cap: int, bs: int, replicas: int, policy: str, latency: LatencyModel, res: Any
+) -> tuple[dict[str, Any], np.ndarray, np.ndarray, np.ndarray]:
+    """One (capacity, policy) row of the results table, and the simulated per-request TTFT,
+    cached tokens and lone-prefill TTFT it was computed from."""
+    s = res.summary
+    ttft = np.array([r["ttft_ms"] for r in res.requests], dtype=float)
+    cached = np.array([r["cached_tokens"] for r in res.requests], dtype=float)
+    lone = np.array(
+        [
+            latency.ttft_ms(r["prompt_tokens"] - r["cached_tokens"], r["cached_tokens"])
+            for r in res.requests
+        ],
+        dtype=float,
+    )
+    row: dict[str, Any] = {
+        "capacity": spec,
+        "capacity_blocks": cap,
+        "capacity_tokens": cap * bs,
+        "block_size": bs,
+        "replicas": replicas,
+        "policy": policy,
+        "latency_model": latency.name,
+        "requests": s["requests"],
+        "prompt_tokens": s["prompt_tokens"],
+        "tokens_saved": s["cached_tokens"],
+        "computed_tokens": s["computed_tokens"],
+        "token_hit_rate": s["token_hit_rate"],
+        "block_hit_rate": s["block_hit_rate"],
+        "sim_ttft_ms_mean": s["ttft_ms_mean"],
+        "sim_ttft_ms_p50": s["ttft_ms_p50"],
+        "sim_ttft_ms_p90": s["ttft_ms_p90"],
+        "sim_ttft_ms_p99": s["ttft_ms_p99"],
+        "sim_lone_ttft_ms_mean": float(lone.mean()),
+        "sim_queue_ms_mean": s["queue_ms_mean"],
+        "sim_e2e_ms_mean": s["e2e_ms_mean"],
+        "sim_duration_s": s["duration_s"],
+        "evictions": s["evictions"],
+        "hit_rate_by_type": s["hit_rate_by_type"],
+        "evictions_by_type": s["evictions_by_type"],
+    }
+    return row, ttft, cached, lone
+
+
 def run_replay(
     requests: Sequence[Request],
     policies: Sequence[str],
@@ -130,7 +187,11 @@ def run_replay(
     meta: dict[str, Any] | None = None,
     progress: bool | None = None,
 ) -> TimedReplay:
-    """Simulate ``requests`` under every (capacity, policy); capacities are per replica."""
+    """Simulate ``requests`` under every (capacity, policy); capacities are per replica.
+
+    Steps: check the policy names, resolve the capacities (shares need the trace's unique
+    blocks), simulate each cell in arrival order, tabulate it (:func:`_result_row`), set it
+    beside the observed TTFTs where the trace has them (:func:`_vs_observed`)."""
     from skv.policies.registry import policy_class
     from skv.sim import SimConfig, simulate
 
@@ -145,14 +206,7 @@ def run_replay(
     caps = resolve_capacities(capacities, block_size=bs, unique_blocks=unique, model=model_preset)
     order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_s, i))
     ordered = [requests[i] for i in order]
-    obs = np.array(
-        [np.nan if r.observed_ttft_ms is None else r.observed_ttft_ms for r in ordered],
-        dtype=float,
-    )
-    obs_cached = np.array(
-        [np.nan if r.observed_cached_tokens is None else r.observed_cached_tokens for r in ordered],
-        dtype=float,
-    )
+    obs, obs_cached = _observed(ordered)
     has_obs = bool(np.isfinite(obs).any())
     rows: list[dict[str, Any]] = []
     sims: list[np.ndarray] = []
@@ -169,42 +223,7 @@ def run_replay(
                 max_batch_tokens=max_batch_tokens,
             )
             res = simulate(ordered, config, latency, progress=progress)
-            s = res.summary
-            ttft = np.array([r["ttft_ms"] for r in res.requests], dtype=float)
-            cached = np.array([r["cached_tokens"] for r in res.requests], dtype=float)
-            lone = np.array(
-                [
-                    latency.ttft_ms(r["prompt_tokens"] - r["cached_tokens"], r["cached_tokens"])
-                    for r in res.requests
-                ],
-                dtype=float,
-            )
-            row: dict[str, Any] = {
-                "capacity": spec,
-                "capacity_blocks": cap,
-                "capacity_tokens": cap * bs,
-                "block_size": bs,
-                "replicas": replicas,
-                "policy": policy,
-                "latency_model": latency.name,
-                "requests": s["requests"],
-                "prompt_tokens": s["prompt_tokens"],
-                "tokens_saved": s["cached_tokens"],
-                "computed_tokens": s["computed_tokens"],
-                "token_hit_rate": s["token_hit_rate"],
-                "block_hit_rate": s["block_hit_rate"],
-                "sim_ttft_ms_mean": s["ttft_ms_mean"],
-                "sim_ttft_ms_p50": s["ttft_ms_p50"],
-                "sim_ttft_ms_p90": s["ttft_ms_p90"],
-                "sim_ttft_ms_p99": s["ttft_ms_p99"],
-                "sim_lone_ttft_ms_mean": float(lone.mean()),
-                "sim_queue_ms_mean": s["queue_ms_mean"],
-                "sim_e2e_ms_mean": s["e2e_ms_mean"],
-                "sim_duration_s": s["duration_s"],
-                "evictions": s["evictions"],
-                "hit_rate_by_type": s["hit_rate_by_type"],
-                "evictions_by_type": s["evictions_by_type"],
-            }
+            row, ttft, cached, lone = _result_row(spec, cap, bs, replicas, policy, latency, res)
             row.update(_vs_observed(obs, obs_cached, ttft, cached, lone) if has_obs else {})
             rows.append(row)
             sims.append(ttft)
@@ -216,7 +235,6 @@ def run_replay(
                 row["sim_ttft_ms_mean"],
                 row["token_hit_rate"],
             )
-    span = ordered[-1].arrival_s - ordered[0].arrival_s
     full_meta: dict[str, Any] = {
         **(meta or {}),
         "simulated": (
@@ -227,7 +245,7 @@ def run_replay(
         "latency": latency.describe(),
         "calibration": _fit_report(fit) if fit is not None else None,
         "requests": len(ordered),
-        "trace_span_s": span,
+        "trace_span_s": ordered[-1].arrival_s - ordered[0].arrival_s,
         "prompt_tokens": sum(r.prompt_tokens for r in ordered),
         "observed_requests": int(np.isfinite(obs).sum()),
         "block_size": bs,

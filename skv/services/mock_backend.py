@@ -147,7 +147,148 @@ def _usage(res: MockResult) -> dict[str, Any]:
     }
 
 
+def metrics_text(engine: MockEngine) -> str:
+    """``/metrics`` in Prometheus text format, with vLLM's counter names (the harness scrapes
+    the mock and a real engine alike)."""
+    cfg, c = engine.config, engine.counters
+    q = c["prefix_cache_queries"]
+    rate = c["prefix_cache_hits"] / q if q else 0.0
+    lab = f'{{model_name="{cfg.model}",engine="{cfg.name}"}}'
+    lines = [
+        "# TYPE vllm:prefix_cache_queries_total counter",
+        f"vllm:prefix_cache_queries_total{lab} {c['prefix_cache_queries']}",
+        "# TYPE vllm:prefix_cache_hits_total counter",
+        f"vllm:prefix_cache_hits_total{lab} {c['prefix_cache_hits']}",
+        "# TYPE vllm:prompt_tokens_total counter",
+        f"vllm:prompt_tokens_total{lab} {c['prompt_tokens']}",
+        "# TYPE vllm:generation_tokens_total counter",
+        f"vllm:generation_tokens_total{lab} {c['generation_tokens']}",
+        "# TYPE vllm:request_success_total counter",
+        f"vllm:request_success_total{lab} {c['request_success']}",
+        "# TYPE skv_mock:request_failure_total counter",
+        f"skv_mock:request_failure_total{lab} {c['request_failure']}",
+        "# TYPE vllm:num_requests_running gauge",
+        f"vllm:num_requests_running{lab} {engine.running}",
+        "# TYPE vllm:gpu_prefix_cache_hit_rate gauge",
+        f"vllm:gpu_prefix_cache_hit_rate{lab} {rate}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def prompt_segments(engine: MockEngine, body: dict[str, Any], chat: bool) -> list[Any]:
+    """The typed segments of a chat (``messages``, ``tools``) or completion (``prompt``)
+    body; ValueError names the field that is wrong."""
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            raise ValueError("'messages' must be a list")
+        return engine.segmenter.messages(messages, body.get("tools"))
+    prompt = body.get("prompt")
+    if isinstance(prompt, list):
+        prompt = "\n".join(str(p) for p in prompt)
+    if not isinstance(prompt, str):
+        raise ValueError("'prompt' must be a string or a list of strings")
+    return engine.segmenter.text(prompt)
+
+
+@dataclass
+class _Reply:
+    """What one completion answers: ids, the simulated result and the ``skv_mock`` extras."""
+
+    chat: bool
+    rid: str
+    created: int
+    model: str
+    res: Any
+    extra: dict[str, Any]
+
+    @property
+    def object(self) -> str:
+        return "chat.completion.chunk" if self.chat else "text_completion"
+
+
+async def complete(engine: MockEngine, reply: _Reply) -> JSONResponse:
+    """A non-streamed answer, held for the simulated time when the engine runs in real time."""
+    cfg, res = engine.config, reply.res
+    engine.running += 1
+    try:
+        if cfg.time_scale > 0:
+            wait = res.ttft_ms + cfg.itl_ms * max(0, len(res.words) - 1)
+            await asyncio.sleep(cfg.time_scale * wait / 1e3)
+    finally:
+        engine.running -= 1
+    text = " ".join(res.words)
+    choice: dict[str, Any] = {"index": 0, "finish_reason": "length", "logprobs": None}
+    if reply.chat:
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        choice["text"] = text
+    engine.counters["request_success"] += 1
+    return JSONResponse(
+        {
+            "id": reply.rid,
+            "object": "chat.completion" if reply.chat else "text_completion",
+            "created": reply.created,
+            "model": reply.model,
+            "choices": [choice],
+            "usage": _usage(res),
+            "skv_mock": reply.extra,
+        }
+    )
+
+
+def _sse(reply: _Reply, choices: list[dict[str, Any]], **more: Any) -> bytes:
+    import json
+
+    data = {"id": reply.rid, "object": reply.object, "created": reply.created,
+            "model": reply.model, "choices": choices, **more}  # fmt: skip
+    return b"data: " + json.dumps(data).encode() + b"\n\n"
+
+
+def _piece(
+    chat: bool, text: str | None, finish: str | None = None, role: bool = False
+) -> dict[str, Any]:
+    if chat:
+        delta: dict[str, Any] = {}
+        if role:
+            delta["role"] = "assistant"
+        if text is not None:
+            delta["content"] = text
+        return {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+    return {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+
+
+async def stream_chunks(
+    engine: MockEngine, reply: _Reply, include_usage: bool
+) -> AsyncIterator[bytes]:
+    """The answer as server-sent events, one word a chunk, at the simulated pace; a
+    ``drop_after_chunks`` fault cuts the stream."""
+    cfg, faults, res, chat = engine.config, engine.faults, reply.res, reply.chat
+    engine.running += 1
+    try:
+        if chat:
+            yield _sse(reply, [_piece(chat, "", role=True)])
+        if cfg.time_scale > 0:
+            await asyncio.sleep(cfg.time_scale * res.ttft_ms / 1e3)
+        for i, word in enumerate(res.words):
+            if faults.drop_after_chunks is not None and i >= faults.drop_after_chunks:
+                engine.counters["request_failure"] += 1
+                raise ConnectionAbortedError("injected dropped stream")
+            if i and cfg.time_scale > 0 and cfg.itl_ms > 0:
+                await asyncio.sleep(cfg.time_scale * cfg.itl_ms / 1e3)
+            yield _sse(reply, [_piece(chat, word if i == 0 else " " + word)])
+        yield _sse(reply, [_piece(chat, "" if not chat else None, finish="length")],
+                   skv_mock=reply.extra)  # fmt: skip
+        if include_usage:
+            yield _sse(reply, [], usage=_usage(res))
+        yield b"data: [DONE]\n\n"
+        engine.counters["request_success"] += 1
+    finally:
+        engine.running -= 1
+
+
 def create_app(config: MockConfig | None = None, faults: Faults | None = None) -> FastAPI:
+    """The mock engine's routes: health, models, faults, metrics, tokenize, completions."""
     engine = MockEngine(config, faults)
     cfg = engine.config
     app = FastAPI(title="skv mock engine", version="1")
@@ -175,31 +316,10 @@ def create_app(config: MockConfig | None = None, faults: Faults | None = None) -
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        q = engine.counters["prefix_cache_queries"]
-        rate = engine.counters["prefix_cache_hits"] / q if q else 0.0
-        lab = f'{{model_name="{cfg.model}",engine="{cfg.name}"}}'
-        c = engine.counters
-        lines = [
-            "# TYPE vllm:prefix_cache_queries_total counter",
-            f"vllm:prefix_cache_queries_total{lab} {c['prefix_cache_queries']}",
-            "# TYPE vllm:prefix_cache_hits_total counter",
-            f"vllm:prefix_cache_hits_total{lab} {c['prefix_cache_hits']}",
-            "# TYPE vllm:prompt_tokens_total counter",
-            f"vllm:prompt_tokens_total{lab} {c['prompt_tokens']}",
-            "# TYPE vllm:generation_tokens_total counter",
-            f"vllm:generation_tokens_total{lab} {c['generation_tokens']}",
-            "# TYPE vllm:request_success_total counter",
-            f"vllm:request_success_total{lab} {c['request_success']}",
-            "# TYPE skv_mock:request_failure_total counter",
-            f"skv_mock:request_failure_total{lab} {c['request_failure']}",
-            "# TYPE vllm:num_requests_running gauge",
-            f"vllm:num_requests_running{lab} {engine.running}",
-            "# TYPE vllm:gpu_prefix_cache_hit_rate gauge",
-            f"vllm:gpu_prefix_cache_hit_rate{lab} {rate}",
-        ]
-        return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(metrics_text(engine), media_type="text/plain; version=0.0.4")
 
     async def serve(request: Request, chat: bool) -> Response:
+        """Body check, injected delay/failure, the simulated cache, then the answer."""
         body = await json_object_body(request)
         if isinstance(body, Response):
             return body
@@ -211,101 +331,27 @@ def create_app(config: MockConfig | None = None, faults: Faults | None = None) -
             engine.counters["request_failure"] += 1
             return openai_error(status, f"injected failure ({status})", "server_error")
         try:
-            if chat:
-                messages = body.get("messages")
-                if not isinstance(messages, list):
-                    raise ValueError("'messages' must be a list")
-                segments = engine.segmenter.messages(messages, body.get("tools"))
-            else:
-                prompt = body.get("prompt")
-                if isinstance(prompt, list):
-                    prompt = "\n".join(str(p) for p in prompt)
-                if not isinstance(prompt, str):
-                    raise ValueError("'prompt' must be a string or a list of strings")
-                segments = engine.segmenter.text(prompt)
+            segments = prompt_segments(engine, body, chat)
         except ValueError as exc:
             return openai_error(400, str(exc), "invalid_request_error")
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         res = engine.process(segments, int(max_tokens) if isinstance(max_tokens, int) else None)
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        created = int(time.time())
-        model = body.get("model") or cfg.model
-        extra = {"simulated_ttft_ms": round(res.ttft_ms, 3), "engine": cfg.name}
+        reply = _Reply(
+            chat=chat,
+            rid=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24],
+            created=int(time.time()),
+            model=body.get("model") or cfg.model,
+            res=res,
+            extra={"simulated_ttft_ms": round(res.ttft_ms, 3), "engine": cfg.name},
+        )
         engine.counters["generation_tokens"] += len(res.words)
-
         if not body.get("stream"):
-            engine.running += 1
-            try:
-                if cfg.time_scale > 0:
-                    wait = res.ttft_ms + cfg.itl_ms * max(0, len(res.words) - 1)
-                    await asyncio.sleep(cfg.time_scale * wait / 1e3)
-            finally:
-                engine.running -= 1
-            text = " ".join(res.words)
-            choice: dict[str, Any] = {"index": 0, "finish_reason": "length", "logprobs": None}
-            if chat:
-                choice["message"] = {"role": "assistant", "content": text}
-            else:
-                choice["text"] = text
-            engine.counters["request_success"] += 1
-            return JSONResponse(
-                {
-                    "id": rid,
-                    "object": "chat.completion" if chat else "text_completion",
-                    "created": created,
-                    "model": model,
-                    "choices": [choice],
-                    "usage": _usage(res),
-                    "skv_mock": extra,
-                }
-            )
-
+            return await complete(engine, reply)
         opts = body.get("stream_options") or {}
         include_usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
-        obj = "chat.completion.chunk" if chat else "text_completion"
-
-        def chunk(choices: list[dict[str, Any]], **more: Any) -> bytes:
-            import json
-
-            data = {"id": rid, "object": obj, "created": created, "model": model,
-                    "choices": choices, **more}  # fmt: skip
-            return b"data: " + json.dumps(data).encode() + b"\n\n"
-
-        def piece(
-            text: str | None, finish: str | None = None, role: bool = False
-        ) -> dict[str, Any]:
-            if chat:
-                delta: dict[str, Any] = {}
-                if role:
-                    delta["role"] = "assistant"
-                if text is not None:
-                    delta["content"] = text
-                return {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
-            return {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
-
-        async def stream() -> AsyncIterator[bytes]:
-            engine.running += 1
-            try:
-                if chat:
-                    yield chunk([piece("", role=True)])
-                if cfg.time_scale > 0:
-                    await asyncio.sleep(cfg.time_scale * res.ttft_ms / 1e3)
-                for i, word in enumerate(res.words):
-                    if faults.drop_after_chunks is not None and i >= faults.drop_after_chunks:
-                        engine.counters["request_failure"] += 1
-                        raise ConnectionAbortedError("injected dropped stream")
-                    if i and cfg.time_scale > 0 and cfg.itl_ms > 0:
-                        await asyncio.sleep(cfg.time_scale * cfg.itl_ms / 1e3)
-                    yield chunk([piece(word if i == 0 else " " + word)])
-                yield chunk([piece("" if not chat else None, finish="length")], skv_mock=extra)
-                if include_usage:
-                    yield chunk([], usage=_usage(res))
-                yield b"data: [DONE]\n\n"
-                engine.counters["request_success"] += 1
-            finally:
-                engine.running -= 1
-
-        return StreamingResponse(stream(), media_type="text/event-stream")
+        return StreamingResponse(
+            stream_chunks(engine, reply, include_usage), media_type="text/event-stream"
+        )
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> Response:

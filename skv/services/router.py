@@ -368,6 +368,42 @@ def token_segments(tokens: list[int], block_size: int) -> list[Any]:
     ]
 
 
+def request_segments(
+    segmenter: Segmenter, body: dict[str, Any], chat: bool, block_size: int
+) -> list[Any]:
+    """A request's typed segments: one per block for a token-id completion prompt (matched by
+    block prefix), else the segmenter's reading of the messages or prompt text."""
+    ids = None if chat else token_prompt(body)
+    if ids is not None:
+        return token_segments(ids, block_size)
+    return segment_body(segmenter, body, chat)
+
+
+def record_decision(
+    decision: dict[str, Any],
+    replicas: list[str],
+    chosen: int | None,
+    outcome: Outcome | None,
+    log_out: JsonlAppender | None,
+) -> None:
+    """Complete one decision record with its outcome and append it to the decision log (a
+    failed write is logged, never raised: routing goes on)."""
+    decision["chosen"] = chosen
+    decision["replica"] = replicas[chosen] if chosen is not None else None
+    if outcome is not None:
+        decision["status"] = outcome.status
+        decision["cached_tokens"] = outcome.cached_tokens
+        decision["ttft_ms"] = round(outcome.ttft_ms, 3) if outcome.ttft_ms else None
+        decision["total_ms"] = round(outcome.total_ms, 3) if outcome.total_ms else None
+        if outcome.error_kind:
+            decision["error"] = outcome.error_kind
+    if log_out is not None:
+        try:
+            log_out.append(decision)
+        except OSError:
+            log.exception("cannot write routing decision")
+
+
 def create_app(
     config: RouterConfig | None = None,
     *,
@@ -421,12 +457,7 @@ def create_app(
         if isinstance(body, Response):
             return body
         try:
-            ids = None if chat else token_prompt(body)
-            segments = (
-                token_segments(ids, cfg.block_size)
-                if ids is not None
-                else segment_body(segmenter, body, chat)
-            )
+            segments = request_segments(segmenter, body, chat, cfg.block_size)
         except ValueError as exc:
             return openai_error(400, f"cannot segment the request: {exc}", "invalid_request_error")
         rid = request.headers.get("x-request-id") or f"req-{uuid.uuid4().hex[:16]}"
@@ -462,20 +493,7 @@ def create_app(
         }
 
         def log_decision(chosen: int | None, outcome: Outcome | None) -> None:
-            decision["chosen"] = chosen
-            decision["replica"] = cfg.replicas[chosen] if chosen is not None else None
-            if outcome is not None:
-                decision["status"] = outcome.status
-                decision["cached_tokens"] = outcome.cached_tokens
-                decision["ttft_ms"] = round(outcome.ttft_ms, 3) if outcome.ttft_ms else None
-                decision["total_ms"] = round(outcome.total_ms, 3) if outcome.total_ms else None
-                if outcome.error_kind:
-                    decision["error"] = outcome.error_kind
-            if log_out is not None:
-                try:
-                    log_out.append(decision)
-                except OSError:
-                    log.exception("cannot write routing decision")
+            record_decision(decision, cfg.replicas, chosen, outcome, log_out)
 
         last: UpstreamError | None = None
         for k, i in enumerate(order):

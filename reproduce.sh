@@ -11,6 +11,8 @@
 #                                 quick run, into build/quick/paper/
 #   ./reproduce.sh test     bootstrap .venv, then run the test suite (lint + pytest)
 #   ./reproduce.sh bench    bootstrap .venv, then run the replay speed benchmark
+#   ./reproduce.sh mutate [MODULE ...]  mutation testing of the core with mutmut (pure Python,
+#                                 slow, not in CI): scores in build/mutation/scores.md
 # Needs only Python >= 3.11 with pip and venv. Real traces are read from $SKV_TRACE_DIR
 # (default ../shared/traces when present); steps that need a missing trace say so and skip.
 set -euo pipefail
@@ -65,6 +67,18 @@ PY
     fi
 }
 
+run_mutate() {
+    # mutation testing of the core (not in CI: slow); mutmut is pinned here, not in the lock, and
+    # installed into .venv on first use (the lock constrains its dependencies); scripts/mutate.py
+    if [[ "$("$VENV/bin/python" -m pip show mutmut 2>/dev/null | sed -n 's/^Version: //p')" != 3.8.1 ]]
+    then
+        echo "[reproduce] installing mutmut 3.8.1 into $VENV"
+        "$VENV/bin/python" -m pip install --quiet "mutmut==3.8.1" \
+            $([[ -f requirements.lock ]] && echo -c requirements.lock)
+    fi
+    "$VENV/bin/python" scripts/mutate.py "$@"
+}
+
 run_tests() {
     "$VENV/bin/ruff" check skv tests benchmarks
     "$VENV/bin/python" -m pytest -q "$@"
@@ -74,12 +88,14 @@ cmd=${1:-all}
 case "$cmd" in
     test | bench | check | list | paper | all) [[ $# -gt 0 ]] && shift ;;
     -* | fig_* | tab_*) cmd=all ;;  # options and step names go to the pipeline
+    mutate) shift ;;  # mutation testing: ./reproduce.sh mutate [MODULE ...] (scripts/mutate.py)
     *) echo "usage: $0 [test|bench|check|list|paper] | [--quick] [--force] [-j N] [STEP ...]" >&2; exit 2 ;;
 esac
 bootstrap
 case "$cmd" in
     test) run_tests "$@" ;;
     bench) "$VENV/bin/python" benchmarks/replay_speed.py "$@" ;;
+    mutate) run_mutate "$@" ;;
     check) "$VENV/bin/python" -m skv.pipeline check "$@" ;;
     list) "$VENV/bin/python" -m skv.pipeline list ;;
     paper) "$VENV/bin/python" -m skv.pipeline paper "$@" ;;

@@ -59,44 +59,39 @@ def load_gap_config(path: str | Path, *, quick: bool) -> GapConfig:
 
 
 def run_config(cfg: GapConfig) -> pd.DataFrame:
-    """The sweep of a config: its policies at every gap, the bound at the assumed gap."""
-    df = gap_sweep(
-        cfg.trace, cfg.gaps_s, cfg.seeds, cfg.policies, cfg.capacity, max_sessions=cfg.max_sessions
-    )
+    """The sweep of a config: its policies at every gap, the bound at the assumed gap (the
+    session files are parsed once for both)."""
+    from skv.traces import find_trace
+    from skv.traces.claude_code import read_sessions
+
+    sessions = read_sessions(find_trace(cfg.trace), cfg.max_sessions)
+    df = gap_sweep(sessions, cfg.gaps_s, cfg.seeds, cfg.policies, cfg.capacity)
     if cfg.bound_policy:
         bound = gap_sweep(
-            cfg.trace,
-            [cfg.assumed_gap_s],
-            cfg.seeds,
-            [cfg.bound_policy],
-            cfg.capacity,
-            max_sessions=cfg.max_sessions,
+            sessions, [cfg.assumed_gap_s], cfg.seeds, [cfg.bound_policy], cfg.capacity
         )
         df = pd.concat([df, bound], ignore_index=True)
     return df
 
 
 def gap_sweep(
-    trace: str,
+    sessions: Sequence[Any],
     gaps_s: Sequence[float],
     seeds: Sequence[int],
     policies: Sequence[str],
     capacity: str,
-    *,
-    max_sessions: int | None = None,
 ) -> pd.DataFrame:
     """One row per (gap, seed, policy): block and token hit rates at ``capacity`` (a share of
-    the trace's unique blocks, which the gap does not change), plus the infinite-cache ceiling."""
+    the trace's unique blocks, which the gap does not change), plus the infinite-cache ceiling.
+    ``sessions``: parsed once (:func:`skv.traces.claude_code.read_sessions`), placed on a new
+    timeline per (gap, seed)."""
     from skv.replay import compile_trace, replay_trace
-    from skv.traces import find_trace, load_trace
+    from skv.traces.claude_code import session_requests
 
-    path = find_trace(trace)
     rows: list[dict[str, Any]] = []
     for gap in gaps_s:
         for seed in seeds:
-            reqs = load_trace(
-                path, session_interval_s=float(gap), seed=int(seed), max_sessions=max_sessions
-            )
+            reqs = session_requests(sessions, session_interval_s=float(gap), seed=int(seed))
             for r in replay_trace(compile_trace(reqs), policies, [capacity], progress=False):
                 rows.append(
                     {

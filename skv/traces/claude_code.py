@@ -290,6 +290,32 @@ def _remapper(scope: str, tag: int, path: Path) -> Callable[[int], int]:
     return remap
 
 
+def read_sessions(path: PathLike, max_sessions: int | None = None) -> list[tuple[Path, CCSession]]:
+    """Parse the session files (one, or a directory's in name order; ``max_sessions`` keeps the
+    first N). Parsing is the costly part of loading: a sweep over session timelines parses once
+    and calls :func:`session_requests` per timeline."""
+    files = session_files(path)
+    if max_sessions is not None:
+        files = files[:max_sessions]
+    return [(f, _read_session(f)) for f in files]
+
+
+def session_requests(
+    sessions: Sequence[tuple[Path, CCSession]], *, session_interval_s: float = 30.0, seed: int = 0
+) -> list[Request]:
+    """The requests of parsed sessions placed on a seeded Poisson timeline, sorted by arrival."""
+    starts = session_starts(len(sessions), session_interval_s, seed)
+    used_tags: set[int] = set()
+    requests: list[Request] = []
+    for (f, sess), start in zip(sessions, starts, strict=True):
+        sid = sess.id or f.stem
+        remap = _remapper(sess.hash_id_scope, _file_tag(sid, used_tags), f)
+        builder = _SessionBuilder(f, sess.block_size, start, remap)
+        builder.walk(sess.requests, 0.0, sid, sess.tool_tokens, sess.system_tokens, "requests")
+        requests.extend(builder.out)
+    return sort_by_arrival(requests)
+
+
 def load_claude_code(
     path: PathLike,
     *,
@@ -301,18 +327,7 @@ def load_claude_code(
 
     ``max_sessions`` keeps the first N files in name order (quick looks at a big directory).
     """
-    files = session_files(path)
-    if max_sessions is not None:
-        files = files[:max_sessions]
-    starts = session_starts(len(files), session_interval_s, seed)
-    used_tags: set[int] = set()
-    requests: list[Request] = []
-    for f, start in zip(files, starts, strict=True):
-        sess = _read_session(f)
-        sid = sess.id or f.stem
-        remap = _remapper(sess.hash_id_scope, _file_tag(sid, used_tags), f)
-        builder = _SessionBuilder(f, sess.block_size, start, remap)
-        builder.walk(sess.requests, 0.0, sid, sess.tool_tokens, sess.system_tokens, "requests")
-        requests.extend(builder.out)
-    log.info("claude_code: %d requests in %d sessions from %s", len(requests), len(files), path)
-    return sort_by_arrival(requests)
+    sessions = read_sessions(path, max_sessions)
+    requests = session_requests(sessions, session_interval_s=session_interval_s, seed=seed)
+    log.info("claude_code: %d requests in %d sessions from %s", len(requests), len(sessions), path)
+    return requests

@@ -481,6 +481,13 @@ def skip_reason(name: str, *, quick: bool = False) -> str | None:
     return None
 
 
+def claim_rows(doc: ClaimsFile, layout: Layout, *, quick: bool) -> list[claims_mod.Row]:
+    """Every claim's status against what the steps of ``layout`` wrote."""
+    return claims_mod.check_all(
+        doc, layout.step_dir, quick=quick, skip_reason=lambda s: skip_reason(s, quick=quick)
+    )
+
+
 def check_claims(
     *,
     quick: bool = False,
@@ -490,10 +497,7 @@ def check_claims(
 ) -> list[claims_mod.Row]:
     """Compare each claim with the value its step wrote (statuses in skv.artifact.claims)."""
     layout = layout or Layout.for_run(quick=quick)
-    doc = load_claims(claims_path or CLAIMS_YAML)
-    rows = claims_mod.check_all(
-        doc, layout.step_dir, quick=quick, skip_reason=lambda s: skip_reason(s, quick=quick)
-    )
+    rows = claim_rows(load_claims(claims_path or CLAIMS_YAML), layout, quick=quick)
     if echo:
         print(claims_mod.format_rows(rows))
         print(claims_mod.summary_line(rows))
@@ -519,9 +523,7 @@ def write_paper_values(
             continue
         why = skip_reason(s.name, quick=quick)
         skipped[s.name] = why or f"run ./reproduce.sh{' --quick' if quick else ''} {s.name}"
-    rows = claims_mod.check_all(
-        doc, layout.step_dir, quick=quick, skip_reason=lambda s: skip_reason(s, quick=quick)
-    )
+    rows = claim_rows(doc, layout, quick=quick)
     return paper.write_generated(
         layout.paper(root),
         doc,
@@ -567,20 +569,12 @@ def build_paper(*, quick: bool = False, root: Path = REPO, layout: Layout | None
         print(f"[paper] {exc}", file=sys.stderr)
         return 1
     included = paper.figures_in_pdf(pdir)
-    made = [
-        Path(o).stem
-        for s in STEPS.values()
-        for o in s.outputs
-        if o.startswith("figures/") and o.endswith(".pdf") and layout.output(o).is_file()
-    ]
-    absent = sorted(set(made) - included)
-    placeholders = sorted(
-        Path(o).stem
-        for s in STEPS.values()
-        for o in s.outputs
-        if o.startswith("figures/") and o.endswith(".pdf") and not layout.output(o).is_file()
-    )
-    print(f"[paper] {pdf}: {len(set(made) & included)} generated figures included")
+    figures = [o for s in STEPS.values() for o in s.outputs if o.startswith("figures/")]
+    pdfs = {Path(o).stem: layout.output(o).is_file() for o in figures if o.endswith(".pdf")}
+    made = {name for name, exists in pdfs.items() if exists}
+    absent = sorted(made - included)
+    placeholders = sorted(name for name, exists in pdfs.items() if not exists)
+    print(f"[paper] {pdf}: {len(made & included)} generated figures included")
     if placeholders:
         print(f"[paper] placeholders (not generated in this run): {', '.join(placeholders)}")
     if absent:

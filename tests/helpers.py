@@ -1,4 +1,5 @@
-"""Small builders shared by the cache, pool, property, replay, KV-event and router tests."""
+"""Small builders shared by the cache, pool, property, replay, KV-event, router and claims
+tests."""
 
 from __future__ import annotations
 
@@ -198,3 +199,25 @@ def wait_until(pred: Any, what: str, timeout: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.02)
+
+
+def make_claim(**over: Any) -> Any:
+    """A valid claim (:class:`skv.artifact.claims.Claim`, deterministic, with a quick
+    expectation) with the fields in ``over`` replaced."""
+    from skv.artifact.claims import Claim
+
+    base = {
+        "id": "x",
+        "text": "t",
+        "compares": "a minus b",
+        "source": "measured",
+        "source_note": "why",
+        "step": "fig_hit_rate_mooncake",
+        "value": "v",
+        "unit": "points",
+        "expected": 1.0,
+        "tolerance": 0.5,
+        "tolerance_basis": "deterministic",
+        "quick": {"expected": 2.0, "tolerance": 0.1},
+    }
+    return Claim.model_validate({**base, **over})

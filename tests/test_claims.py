@@ -7,30 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import make_claim as claim
 
 from skv.artifact import claims as C
 from skv.pipeline import STEPS, load_claims
 
 ROOT = Path(__file__).resolve().parents[1]
 STEP = "fig_hit_rate_mooncake"
-
-
-def claim(**over) -> C.Claim:
-    base = {
-        "id": "x",
-        "text": "t",
-        "compares": "a minus b",
-        "source": "measured",
-        "source_note": "why",
-        "step": STEP,
-        "value": "v",
-        "unit": "points",
-        "expected": 1.0,
-        "tolerance": 0.5,
-        "tolerance_basis": "deterministic",
-        "quick": {"expected": 2.0, "tolerance": 0.1},
-    }
-    return C.Claim.model_validate({**base, **over})
 
 
 def check(c: C.Claim, got, *, quick=False, skip=None, wrote=True) -> C.Row:

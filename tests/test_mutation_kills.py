@@ -47,20 +47,10 @@ STEP = "fig_hit_rate_mooncake"
 
 
 def _claim(**over) -> C.Claim:
-    base = {
-        "id": "x",
-        "text": "t",
-        "compares": "a minus b",
-        "source": "measured",
-        "source_note": "why",
-        "step": STEP,
-        "value": "v",
-        "expected": 0.0,
-        "tolerance": 0.5,
-        "tolerance_basis": "deterministic",
-        "quick": {"expected": 2.0, "tolerance": 0.1},
-    }
-    return C.Claim.model_validate({**base, **over})
+    """helpers.make_claim with expected 0 and the default unit."""
+    from helpers import make_claim
+
+    return make_claim(**{"expected": 0.0, "unit": "number", **over})
 
 
 def _seeded(**over) -> C.Claim:

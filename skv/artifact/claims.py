@@ -221,13 +221,19 @@ class Produced:
         return max(self.value - self.ci95[0], self.ci95[1] - self.value)
 
 
-def read_values(step_dir: Path) -> dict[str, Produced | None] | None:
-    """The values one step wrote (None when it wrote no claims file)."""
+def read_raw_values(step_dir: Path) -> dict[str, Any] | None:
+    """The values one step wrote, as written (numbers, intervals, names); None when it wrote
+    no claims file."""
     f = step_dir / CLAIMS_FILE
     if not f.is_file():
         return None
-    raw = json.loads(f.read_text(encoding="utf-8")).get("values", {})
-    return {k: Produced.parse(v) for k, v in raw.items()}
+    return json.loads(f.read_text(encoding="utf-8")).get("values", {})
+
+
+def read_values(step_dir: Path) -> dict[str, Produced | None] | None:
+    """The values one step wrote, parsed (names are None: they are not numbers)."""
+    raw = read_raw_values(step_dir)
+    return None if raw is None else {k: Produced.parse(v) for k, v in raw.items()}
 
 
 def holds(expr: str, p: Produced) -> bool:
@@ -312,14 +318,13 @@ def check_all(
     skip_reason: Callable[[str], str | None],
 ) -> list[Row]:
     rows = []
-    cache: dict[str, dict[str, Produced | None] | None] = {}
+    steps: dict[str, tuple[dict[str, Produced | None] | None, str | None]] = {}
     for c in doc.claims:
-        if c.step not in cache:
-            cache[c.step] = read_values(step_dir(c.step))
-        values = cache[c.step]
+        if c.step not in steps:  # once per step: its values, and why it cannot run here
+            steps[c.step] = (read_values(step_dir(c.step)), skip_reason(c.step))
+        values, why = steps[c.step]
         got = values.get(c.value) if values else None
         # a step that cannot run here is skipped even when an older run left values behind
-        why = skip_reason(c.step)
         rows.append(check_one(c, got, quick=quick, skip_reason=why, wrote=values is not None))
     return rows
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from skv.artifact.claims import Claim, ClaimsFile, Produced
+from skv.artifact.claims import Claim, ClaimsFile, Produced, read_raw_values
 
 GENERATED = "generated"
 _TEX_SPECIAL = {
@@ -191,14 +191,8 @@ def layout_tex(figures_dir: Path, tables_dir: Path, skipped: Mapping[str, str]) 
 
 
 def collect_produced(steps: Iterable[str], step_dir: Callable[[str], Path]) -> dict[str, Any]:
-    """step -> the raw values of its claims.json (None when it wrote none)."""
-    import json
-
-    out: dict[str, Any] = {}
-    for s in steps:
-        f = step_dir(s) / "claims.json"
-        out[s] = json.loads(f.read_text(encoding="utf-8"))["values"] if f.is_file() else None
-    return out
+    """step -> the values its claims.json holds, as written (None when it wrote none)."""
+    return {s: read_raw_values(step_dir(s)) for s in steps}
 
 
 def write_generated(

@@ -174,6 +174,8 @@ def test_tex_escape_neutralises_every_special_character():
     assert "_" not in s.replace(r"\_", "")
     for ch in "%$#&":
         assert ch not in s.replace("\\" + ch, "")
+    # "--" would typeset as an en dash: a command like "--quick" must read as typed
+    assert "--" not in paper.tex_escape("./reproduce.sh --quick fig_x")
 
 
 def test_layout_tex_names_the_skipped_steps_and_the_command(tmp_path):

@@ -25,6 +25,8 @@ POLICIES: dict[str, str] = {
     "slru": "skv.policies.slru:SLRU",
     "static_semantic": "skv.policies.static_semantic:StaticSemantic",
     "adaptive_semantic": "skv.policies.adaptive_semantic:AdaptiveSemantic",
+    "saecache": "skv.policies.saecache:SAECache",
+    "saecache_fixed": "skv.policies.saecache:SAECacheFixed",
     "sglang_lru": "skv.policies.sglang:SGLangLRU",
     "sglang_lfu": "skv.policies.sglang:SGLangLFU",
     "belady": "skv.policies.belady:Belady",

@@ -96,8 +96,8 @@ case "$cmd" in
     test) run_tests "$@" ;;
     bench) "$VENV/bin/python" benchmarks/replay_speed.py "$@" ;;
     mutate) run_mutate "$@" ;;
-    check) "$VENV/bin/python" -m skv.pipeline check "$@" ;;
-    list) "$VENV/bin/python" -m skv.pipeline list ;;
-    paper) "$VENV/bin/python" -m skv.pipeline paper "$@" ;;
-    all) "$VENV/bin/skv" check && "$VENV/bin/python" -m skv.pipeline run "$@" ;;
+    check) "$VENV/bin/python" -m skv.artifact.pipeline check "$@" ;;
+    list) "$VENV/bin/python" -m skv.artifact.pipeline list ;;
+    paper) "$VENV/bin/python" -m skv.artifact.pipeline paper "$@" ;;
+    all) "$VENV/bin/skv" check && "$VENV/bin/python" -m skv.artifact.pipeline run "$@" ;;
 esac

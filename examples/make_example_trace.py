@@ -1,7 +1,7 @@
 """Regenerate ``examples/traces/rag_serving_trace.jsonl``: a small replayable trace made by skv.
 
 It is skv's own mock collection (``skv collect-mock``), not data copied from anywhere: seeded
-chat, RAG and tool-agent sessions served by ``skv.collect.MockHandler`` (a prefix cache plus a
+chat, RAG and tool-agent sessions served by ``skv.services.collect.MockHandler`` (a prefix cache plus a
 linear TTFT model with 3% jitter) through a ``TraceCollector`` that segments every prompt and
 keeps only content hashes, token counts, semantic labels and timing (redacted). Its
 ``observed_ttft_ms`` values are therefore SIMULATED by the mock's model (base 30 ms, 0.12 ms per
@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from skv.collect import MockHandler, collect_mock
+from skv.services.collect import MockHandler, collect_mock
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "traces" / "rag_serving_trace.jsonl"

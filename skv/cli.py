@@ -75,8 +75,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         "skv.workloads",
         "skv.sim",
         "skv.experiments",
-        "skv.tracereplay",
-        "skv.collect",
+        "skv.experiments.replay.timed",
+        "skv.services.collect",
         "skv.vllm",
         "skv.services",
     ):
@@ -126,17 +126,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     root = Path(__file__).resolve().parent.parent
     try:
         from skv.experiments.config import load_config
-        from skv.experiments.runner import NOT_EXPERIMENTS
+        from skv.experiments.outputs import SUITE_DIR
 
-        configs = [
-            p
-            for p in sorted((root / "experiments").glob("*.yaml"))
-            if p.name not in NOT_EXPERIMENTS
-        ]
-
+        configs = sorted((root / SUITE_DIR).glob("*.yaml"))
         for path in configs:
             load_config(path)
-        print(f"ok      experiment configs: {len(configs)} valid in {root / 'experiments'}")
+        print(f"ok      experiment configs: {len(configs)} valid in {root / SUITE_DIR}")
     except Exception as exc:
         problems.append(f"experiment configs: {exc}")
         print(f"FAILED  experiment configs: {exc}")
@@ -158,11 +153,11 @@ Register = Callable[[argparse._SubParsersAction], Any]
 
 def domains() -> list[tuple[str, list[Register]]]:
     """Each domain's title for ``skv --help`` and the ``register`` functions of its cli modules."""
-    from skv import collect
     from skv.artifact import cli as artifact_cli
     from skv.experiments import cli as experiments_cli
-    from skv.replay_cli import register as register_replay
+    from skv.experiments.replay.cli import register as register_replay
     from skv.services import cli as services_cli
+    from skv.services import collect
     from skv.traces import cli as traces_cli
     from skv.vllm import cli as vllm_cli
 

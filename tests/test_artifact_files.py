@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+NOTEBOOKS = sorted((ROOT / "notebooks").rglob("*.ipynb"))
 
 
 def pyproject() -> dict:
@@ -79,7 +79,7 @@ def test_bootstrap_installs_from_the_lock_and_stamps_it():
 def test_notebooks_create_output_dir_before_writing_into_it():
     """A notebook run by hand (papermill -p output_dir NEW) must not fail on a missing folder:
     every write under output_dir comes after a mkdir of it (or goes through a writer that
-    makes it, like skv.figures.write_claims)."""
+    makes it, like skv.experiments.notebook.write_claims)."""
     assert NOTEBOOKS
     for nb_path in NOTEBOOKS:
         nb = json.loads(nb_path.read_text(encoding="utf-8"))

@@ -10,7 +10,7 @@ import pytest
 from helpers import make_claim as claim
 
 from skv.artifact import claims as C
-from skv.pipeline import STEPS, load_claims
+from skv.artifact.pipeline import STEPS, load_claims
 
 ROOT = Path(__file__).resolve().parents[1]
 STEP = "fig_hit_rate_mooncake"
@@ -245,7 +245,7 @@ def test_the_seeds_thesis_is_claimed_for_every_stress_config_against_lru_and_ano
     from skv.experiments.runner import suite_configs
 
     values = [c.value for c in load_claims().claims if c.step == "tab_aggregate_summary"]
-    for path in suite_configs(ROOT / "experiments"):
+    for path in suite_configs(ROOT / "experiments" / "semantickv"):
         cfg = load_config(path)
         mine = [v for v in values if v.startswith(f"{cfg.id}_adaptive_vs_")]
         for metric in ("hit_pts", "ttft_pct"):
@@ -265,7 +265,8 @@ def test_no_claim_restates_a_config_or_a_reader_rule():
 def test_artifact_md_quotes_the_current_claims_table():
     table = C.markdown_table(load_claims())
     assert table in (ROOT / "ARTIFACT.md").read_text(), (
-        "ARTIFACT.md's claims table is stale: paste `python -m skv.pipeline check --markdown`"
+        "ARTIFACT.md's claims table is stale: paste "
+        "`python -m skv.artifact.pipeline check --markdown`"
     )
 
 

@@ -210,13 +210,13 @@ def test_help_lists_the_commands_by_domain_and_hides_the_old_spellings(capsys):
 
 
 def test_pipeline_list_delegates_to_the_pipeline(capsys):
-    from skv.pipeline import STEPS
-    from skv.pipeline import main as pipeline_main
+    from skv.artifact.pipeline import STEPS
+    from skv.artifact.pipeline import main as pipeline_main
 
     assert main(["pipeline", "list"]) == 0
     out = capsys.readouterr().out
     assert [line.split()[0] for line in out.splitlines()] == list(STEPS)
-    assert pipeline_main(["list"]) == 0  # `python -m skv.pipeline list` prints the same
+    assert pipeline_main(["list"]) == 0  # `python -m skv.artifact.pipeline list` prints the same
     assert capsys.readouterr().out == out
     for argv in (["pipeline", "--help"], ["pipeline", "run", "--help"]):
         with pytest.raises(SystemExit) as exc:

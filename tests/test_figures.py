@@ -12,12 +12,11 @@ import yaml
 from matplotlib.colors import to_hex
 from matplotlib.text import Text
 
-from skv import figures as F
-from skv.experiments import plots as P
+from skv.experiments import figures as F
+from skv.experiments import plotstyle
 from skv.experiments.config import config_from_dict, humanise_id
-from skv.experiments.runner import PLOT_FILES, make_requests, simulate_experiment
-from skv.fidelity import fidelity_figure
-from skv.plotstyle import (
+from skv.experiments.fidelity.study import fidelity_figure
+from skv.experiments.plotstyle import (
     GREY_LINE,
     POLICY_STYLES,
     check_figure,
@@ -26,7 +25,11 @@ from skv.plotstyle import (
     policy_style,
     save_figure,
 )
-from skv.routing_vllm import routing_figure
+from skv.experiments.replay import capacity as C
+from skv.experiments.replay.session_gap import gap_figure
+from skv.experiments.routing.study import routing_figure
+from skv.experiments.runner import PLOT_FILES, make_requests, simulate_experiment
+from skv.experiments.semantickv.figures import policy_comparison
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENTS = ROOT / "experiments"
@@ -34,7 +37,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def _doc(ident: str, title: str | None, policies: list[str]) -> dict:
-    data = yaml.safe_load((EXPERIMENTS / "smoke.yaml").read_text())
+    data = yaml.safe_load((EXPERIMENTS / "semantickv" / "smoke.yaml").read_text())
     data.update(id=ident, policies=policies, capacities=["10%", "30%"], seeds=[0, 1, 2])
     data.pop("title", None)
     if title:
@@ -54,7 +57,7 @@ def docs() -> list[dict]:
 @pytest.fixture(scope="module")
 def curve():
     reqs = make_requests("shared_system_prompt", {"num_requests": 80, "seed": 0})
-    return F.capacity_curve(reqs, ["fifo", "lru", "adaptive_semantic", "belady"], ["5%", "20%"])
+    return C.capacity_curve(reqs, ["fifo", "lru", "adaptive_semantic", "belady"], ["5%", "20%"])
 
 
 def _engine_results() -> tuple[dict, dict]:
@@ -100,16 +103,40 @@ def _engine_results() -> tuple[dict, dict]:
     return fid, routing
 
 
+def _gap_sweep():
+    import pandas as pd
+
+    return pd.DataFrame(
+        [
+            {
+                "policy": pol,
+                "gap_s": gap,
+                "seed": seed,
+                "block_hit_rate": base + gap / 1000 + seed / 100,
+            }
+            for pol, base in (("lru", 0.3), ("adaptive_semantic", 0.32))
+            for gap in (10.0, 30.0, 100.0)
+            for seed in (0, 1, 2)
+        ]
+    )
+
+
 def _paper_figures(docs: list[dict], curve) -> dict[str, object]:
     fid, routing = _engine_results()
     return {
-        "policy_comparison": F.policy_comparison(docs),
+        "policy_comparison": policy_comparison(docs),
+        "bar_by_policy": F.bar_by_policy(docs[0], "token_hit_rate", "token hit rate", "Hit rate"),
         "evictions_by_type": F.evictions_by_type(docs[0]),
+        "evictions_by_type_all_capacities": F.evictions_by_type(docs[0], F.capacities(docs[0])),
         "adaptive_weights": F.adaptive_weights(docs[0]),
         "memory_utilisation": F.memory_utilisation(docs[0]),
-        "hit_rate_vs_capacity": F.hit_rate_vs_capacity(curve, "Synthetic shared prompts"),
+        "memory_utilisation_pinned": F.memory_utilisation(
+            docs[0], F.capacities(docs[0]), pinned=True
+        ),
+        "hit_rate_vs_capacity": C.hit_rate_vs_capacity(curve, "Synthetic shared prompts"),
         "fidelity_figure": fidelity_figure(fid),
         "routing_figure": routing_figure(routing),
+        "gap_figure": gap_figure(_gap_sweep(), "Session gap", 30.0),
     }
 
 
@@ -122,20 +149,34 @@ def _texts(fig) -> list[str]:
 
 
 def test_every_figure_function_is_covered_here():
-    """A new figure function in skv.figures must be added to _paper_figures."""
-    drawn = {
-        name
-        for name, fn in inspect.getmembers(F, inspect.isfunction)
-        if fn.__module__ == F.__name__
-        and not name.startswith("_")
-        and inspect.signature(fn).return_annotation in ("Figure", "Figure | None")
-    }
+    """A new figure function anywhere in skv.experiments must be added to _paper_figures."""
+    import importlib
+    import pkgutil
+
+    import skv.experiments as pkg
+
+    drawn = set()
+    for info in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
+        mod = importlib.import_module(info.name)
+        if mod is plotstyle:  # plotstyle.figure is the blank canvas the others draw on
+            continue
+        drawn |= {
+            name
+            for name, fn in inspect.getmembers(mod, inspect.isfunction)
+            if fn.__module__ == mod.__name__
+            and not name.startswith("_")
+            and inspect.signature(fn).return_annotation in ("Figure", "Figure | None")
+        }
     assert drawn == {
         "policy_comparison",
+        "bar_by_policy",
         "evictions_by_type",
         "adaptive_weights",
         "memory_utilisation",
         "hit_rate_vs_capacity",
+        "fidelity_figure",
+        "routing_figure",
+        "gap_figure",
     }
 
 
@@ -150,18 +191,20 @@ def test_every_run_plot_passes_the_check(docs, tmp_path):
     for k, doc in enumerate(docs):
         out = tmp_path / str(k)
         out.mkdir()
-        paths = P.write_plots(doc, out)
+        paths = F.write_plots(doc, out)
         assert [p.name for p in paths] == list(PLOT_FILES)
         assert all(p.read_bytes()[:8] == PNG_MAGIC for p in paths)
     no_adaptive = _doc("no_adaptive", None, ["lru", "fifo"])  # the "no learned weights" panel
-    P.adaptive_weights(no_adaptive, tmp_path / "weights.png")
-    assert (tmp_path / "weights.png").is_file()
+    assert not F.has_learned_weights(no_adaptive)
+    (tmp_path / "none").mkdir()
+    paths = F.write_plots(no_adaptive, tmp_path / "none")
+    assert all(p.is_file() for p in paths)
 
 
 def test_figures_show_the_config_title_not_the_raw_id(docs):
     assert docs[0]["config"]["title"] == "A titled experiment"
     assert docs[1]["config"]["title"] == humanise_id("tiny_untitled") == "Tiny untitled"
-    fig = F.policy_comparison(docs)
+    fig = policy_comparison(docs)
     texts = " ".join(_texts(fig)).replace("\n", " ")
     assert "A titled experiment" in texts and "Tiny untitled" in texts
     assert "tiny_titled" not in texts and "tiny_untitled" not in texts
@@ -171,12 +214,11 @@ def test_figures_show_the_config_title_not_the_raw_id(docs):
 
 
 def test_experiment_and_engine_configs_have_titles():
-    from skv import fidelity, routing_vllm
     from skv.experiments.config import load_config
+    from skv.experiments.fidelity import study as fidelity
+    from skv.experiments.routing import study as routing_vllm
 
-    for path in sorted(EXPERIMENTS.glob("*.yaml")):
-        if path.name == "claims.yaml":
-            continue
+    for path in sorted((EXPERIMENTS / "semantickv").glob("*.yaml")):
         cfg = load_config(path)
         assert cfg.title != humanise_id(cfg.id), f"{path.name}: write a title"
     assert fidelity.load_config(EXPERIMENTS / "fidelity" / "fidelity_vllm.yaml")["title"]
@@ -188,14 +230,14 @@ def test_replay_configs_have_titles(tmp_path):
         data = yaml.safe_load(path.read_text())
         assert data.get("title") and data["title"] != data["id"], path.name
     for name in ("mooncake_capacity", "claude_code_capacity"):
-        cfg = F.load_replay_config(EXPERIMENTS / "replay" / f"{name}.yaml", quick=True)
+        cfg = C.load_replay_config(EXPERIMENTS / "replay" / f"{name}.yaml", quick=True)
         assert (
             cfg["title"]
             == yaml.safe_load((EXPERIMENTS / "replay" / f"{name}.yaml").read_text())["title"]
         )
     bare = tmp_path / "bare_replay.yaml"
     bare.write_text("id: my_replay\ntrace: x.jsonl\npolicies: [lru]\ncapacities: ['1%']\n")
-    assert F.load_replay_config(bare, quick=False)["title"] == "My replay"
+    assert C.load_replay_config(bare, quick=False)["title"] == "My replay"
 
 
 def _line_colours(fig) -> dict[str, str]:
@@ -210,13 +252,13 @@ def _line_colours(fig) -> dict[str, str]:
 def test_a_policy_has_one_colour_in_every_figure_and_the_rest_is_grey(docs, curve):
     lru = POLICY_STYLES["lru"][0].lower()
     grey = to_hex(GREY_LINE)
-    for fig in (F.memory_utilisation(docs[0]), F.hit_rate_vs_capacity(curve, "t")):
+    for fig in (F.memory_utilisation(docs[0]), C.hit_rate_vs_capacity(curve, "t")):
         colours = _line_colours(fig)
         assert colours["lru"] == lru
         assert colours["adaptive_semantic"] == POLICY_STYLES["adaptive_semantic"][0].lower()
         assert colours["fifo"] == grey  # not among the default highlights
     # highlight is a parameter: fifo alone in colour, lru grey
-    colours = _line_colours(F.hit_rate_vs_capacity(curve, "t", highlight=["fifo"]))
+    colours = _line_colours(C.hit_rate_vs_capacity(curve, "t", highlight=["fifo"]))
     assert colours["fifo"] == POLICY_STYLES["fifo"][0].lower() and colours["lru"] == grey
     # bars: the same colour for the same policy, the rest grey-filled and told apart by hatch
     bar = policy_style("lru", kind="bar")
@@ -290,13 +332,13 @@ def test_a_missing_legend_is_rejected(tmp_path):
 
 
 def test_run_plots_are_checked_before_they_are_written(tmp_path, docs):
-    fig = P._figure()
+    fig = figure()
     ax = fig.add_subplot()
     ax.plot([1, 2], [1, 2], label="a")
     ax.plot([1, 2], [2, 1], label="b")
-    P._footnote(fig, docs[0])
+    F._footnote(fig, docs[0])
     with pytest.raises(ValueError, match=r"figure 'bad.png': axes 0 has data but no x or y label"):
-        P._save(fig, tmp_path / "bad.png")
+        F._save(fig, tmp_path / "bad.png")
     assert not (tmp_path / "bad.png").exists()
 
 

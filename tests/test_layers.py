@@ -8,16 +8,15 @@ top-level module must be added there, the test says so):
 layer  name         modules
 =====  ===========  ======================================================================
 0      vocabulary   skv/__init__.py, _build.py, model.py, blocks.py, segmenter.py,
-                    tokenize.py, sizing.py, fileio.py, runtime.py, plotstyle.py (a leaf
-                    style sheet that studies draw with)
+                    tokenize.py, sizing.py, fileio.py, runtime.py
 1      simulator    cache/, policies/, traces/, workloads/, latency/, routing/, sim/,
                     replay.py
-2      engines      services/, vllm/, collect.py: mock and real engines, proxy and trace
-                    collection, router service, simulation API (they run simulator parts)
-3      studies      experiments/, figures.py, session_gap.py, oracles.py, fidelity.py,
-                    routing_vllm.py, tracereplay.py, replay_cli.py (fidelity and
-                    routing_vllm drive engines; replay_cli runs tracereplay)
-4      top          artifact/, pipeline.py, cli.py
+2      engines      services/ (mock engine, proxy and trace collection, router service,
+                    simulation API), vllm/ (the real-engine harness): they run simulator parts
+3      studies      experiments/: the shared experiment machinery (config, runner, report,
+                    figures, plotstyle, stats, notebook, engine) and one package per study
+                    (semantickv, replay, fidelity, routing); studies never import each other
+4      top          artifact/ (pipeline, claims check, paper values), cli.py
 =====  ===========  ======================================================================
 
 On top of the direction rule: no import cycle between modules (a strongly connected component
@@ -52,7 +51,6 @@ LAYERS: dict[str, int] = {
     "skv.sizing": 0,
     "skv.fileio": 0,
     "skv.runtime": 0,
-    "skv.plotstyle": 0,
     # 1 simulator
     "skv.cache": 1,
     "skv.policies": 1,
@@ -65,19 +63,10 @@ LAYERS: dict[str, int] = {
     # 2 engines
     "skv.services": 2,
     "skv.vllm": 2,
-    "skv.collect": 2,
     # 3 studies
     "skv.experiments": 3,
-    "skv.figures": 3,
-    "skv.session_gap": 3,
-    "skv.oracles": 3,
-    "skv.fidelity": 3,
-    "skv.routing_vllm": 3,
-    "skv.tracereplay": 3,
-    "skv.replay_cli": 3,  # runs timed replay (tracereplay) too
     # 4 top
     "skv.artifact": 4,
-    "skv.pipeline": 4,
     "skv.cli": 4,
 }
 LAYER_NAMES = ("vocabulary", "simulator", "engines", "studies", "top")
@@ -235,6 +224,31 @@ def test_no_import_cycle_between_packages(graph):
             package_of(t) for t in ts if package_of(t) != package_of(m)
         )
     assert cycles(packages) == []
+
+
+def study_of(mod: str, studies: Iterable[str]) -> str | None:
+    """``skv.experiments.replay.capacity`` -> ``replay`` (None outside the study packages)."""
+    parts = mod.split(".")
+    if len(parts) >= 3 and parts[:2] == ["skv", "experiments"] and parts[2] in studies:
+        return parts[2]
+    return None
+
+
+def test_studies_never_import_each_other(graph):
+    """What two studies share lives in skv/experiments/ itself, so a study can be read, run
+    and removed on its own."""
+    studies = {p.parent.name for p in (ROOT / "skv" / "experiments").glob("*/__init__.py")}
+    assert {"semantickv", "replay", "fidelity", "routing"} <= studies
+    across = sorted(
+        f"{m} imports {t}"
+        for m, ts in graph.items()
+        for t in ts
+        if study_of(m, studies) and study_of(t, studies) not in (None, study_of(m, studies))
+    )
+    assert not across, "studies import each other:\n" + "\n".join(across)
+    shared = {m for m in graph if m.startswith("skv.experiments") and not study_of(m, studies)}
+    into = sorted(f"{m} imports {t}" for m in shared for t in graph[m] if study_of(t, studies))
+    assert not into, "shared experiment modules import a study:\n" + "\n".join(into)
 
 
 def test_every_allowed_import_still_exists(graph):

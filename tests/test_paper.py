@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from skv import pipeline
-from skv.artifact import paper
+from skv.artifact import paper, pipeline
 from skv.artifact.claims import ClaimsFile
-from skv.pipeline import STEPS, Layout, load_claims
+from skv.artifact.pipeline import STEPS, Layout, load_claims
 
 ROOT = Path(__file__).resolve().parents[1]
 #: macros whose arguments are names, not prose (ids, labels, files, widths)

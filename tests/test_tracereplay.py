@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from skv.cli import main
+from skv.experiments.replay.timed import PLOTS
 from skv.model import Request, Segment, SemanticType, content_hash
-from skv.tracereplay import PLOTS
 from skv.traces import load_trace, write_skv_trace
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -213,7 +213,7 @@ def test_run_timed_takes_typed_parameters_and_matches_the_cli(tmp_path, capsys):
     the same settings through ``skv replay`` give byte-identical files."""
     import inspect
 
-    from skv.tracereplay import TimedReplay, run_timed
+    from skv.experiments.replay.timed import TimedReplay, run_timed
 
     assert "args" not in inspect.signature(run_timed).parameters
     out = tmp_path / "lib"

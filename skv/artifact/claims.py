@@ -32,7 +32,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-CLAIMS_FILE = "claims.json"
+from skv.experiments.notebook import CLAIMS_FILE
+
 #: float slack on the tolerance comparison (values pass through JSON and rounding)
 EPS = 1e-9
 STATUSES = ("ok", "FAIL", "skipped", "not checked", "missing")

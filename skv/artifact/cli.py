@@ -1,7 +1,8 @@
-"""``skv pipeline run|check|list|paper ...``: the paper pipeline (``python -m skv.pipeline``).
+"""``skv pipeline run|check|list|paper ...``: the paper pipeline
+(``python -m skv.artifact.pipeline``).
 
-Everything after ``pipeline`` goes to :func:`skv.pipeline.main` unchanged, so both spellings
-take the same arguments and give the same exit status.
+Everything after ``pipeline`` goes to :func:`skv.artifact.pipeline.main` unchanged, so both
+spellings take the same arguments and give the same exit status.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import argparse
 
 
 def cmd_pipeline(args: argparse.Namespace) -> int:
-    from skv.pipeline import main as pipeline_main
+    from skv.artifact.pipeline import main as pipeline_main
 
     return pipeline_main(["--help"] if args.pipeline_help else args.pipeline_args)
 
@@ -20,9 +21,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "pipeline",
         help="run | check | list | paper: notebooks -> figures, tables, claims check, PDF "
-        "(also python -m skv.pipeline)",
+        "(also python -m skv.artifact.pipeline)",
         description="The paper pipeline (notebooks -> figures, tables, claims check, PDF). "
-        "Arguments are those of python -m skv.pipeline; `skv pipeline --help` lists them.",
+        "Arguments are those of python -m skv.artifact.pipeline; `skv pipeline --help` lists them.",
         add_help=False,  # --help is the pipeline's own
     )
     p.add_argument("-h", "--help", dest="pipeline_help", action="store_true")

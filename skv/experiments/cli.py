@@ -6,6 +6,8 @@ import argparse
 import logging
 from pathlib import Path
 
+from skv.experiments.outputs import SUITE_DIR
+
 log = logging.getLogger("skv.experiments")
 
 DEFAULT_OUTPUT_ROOT = "outputs/experiments"
@@ -72,7 +74,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "config's latency model, never measured."
         ),
     )
-    p.add_argument("config", type=Path, help="experiment config, e.g. experiments/smoke.yaml")
+    p.add_argument(
+        "config", type=Path, help="experiment config, e.g. experiments/semantickv/smoke.yaml"
+    )
     _common(p)
     p.set_defaults(func=cmd_run)
 
@@ -92,7 +96,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--config-dir",
-        default="experiments",
+        default=SUITE_DIR,
         help="directory of *.yaml configs (default: %(default)s)",
     )
     _common(p)

@@ -3,7 +3,7 @@
 An experiment is one workload (name + parameters) run under every listed seed, every listed
 per-replica cache capacity and every listed eviction policy, through the serving simulator with
 one latency model. Unknown keys are rejected everywhere (typos must not silently fall back to a
-default). Example (``experiments/smoke.yaml``)::
+default). Example (``experiments/semantickv/smoke.yaml``)::
 
     id: smoke
     title: Smoke test            # optional: figures show it instead of the id

@@ -8,7 +8,7 @@ trace, simulates every policy at every capacity, and writes into
   means with 95% Student-t intervals, paired comparisons, and down-sampled time series;
 - ``metrics.csv``: tidy, one row per policy x capacity x seed;
 - ``metrics_summary.csv``: one row per policy x capacity, mean / std / 95% CI per metric;
-- ``summary.md`` and six PNG plots (see :mod:`skv.experiments.plots`);
+- ``summary.md`` and six PNG plots (see :mod:`skv.experiments.figures`);
 - ``run.log``: wall-clock timings (the only file with timings; the others are byte-identical
   for the same config).
 
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from skv.experiments.config import METRICS, ExperimentConfig, PolicySpec, load_config
-from skv.experiments.outputs import PLOT_FILES
+from skv.experiments.outputs import PLOT_FILES, SUITE_DIR
 from skv.experiments.stats import mean_ci, paired_diff
 from skv.model import Request
 
@@ -542,7 +542,7 @@ def new_run_dir(output_root: Path, experiment_id: str, now: dt.datetime | None =
 
 def write_outputs(doc: dict[str, Any], out_dir: Path) -> None:
     """Every deterministic output of one experiment (all but ``run.log``)."""
-    from skv.experiments.plots import write_plots
+    from skv.experiments.figures import write_plots
     from skv.experiments.report import summary_markdown
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -590,23 +590,19 @@ def run_experiment(
     return out_dir
 
 
-#: YAML files in the config directory that are not experiment configs (the paper's claims)
-NOT_EXPERIMENTS = frozenset({"claims.yaml"})
-
-
-def suite_configs(config_dir: str | Path = "experiments") -> list[Path]:
+def suite_configs(config_dir: str | Path = SUITE_DIR) -> list[Path]:
     """The suite: every ``*.yaml`` in ``config_dir`` whose config has ``in_suite: true``."""
     paths = sorted(Path(config_dir).glob("*.yaml"))
     if not paths:
         raise FileNotFoundError(f"{config_dir}: no *.yaml experiment configs")
-    return [p for p in paths if p.name not in NOT_EXPERIMENTS and load_config(p).in_suite]
+    return [p for p in paths if load_config(p).in_suite]
 
 
 def run_all(
     configs: Sequence[str | Path] | None = None,
     output_root: str | Path = "outputs/experiments",
     *,
-    config_dir: str | Path = "experiments",
+    config_dir: str | Path = SUITE_DIR,
     quick: bool = False,
     progress: bool | None = False,
 ) -> tuple[list[Path], list[Path]]:

@@ -170,8 +170,9 @@ async def demo_policy(
     replica_cache_tokens: int,
     routing_dir: Path | None,
 ) -> dict[str, Any]:
-    """Route ``calls`` (``skv.collect.mock_calls``) through an in-process router to in-process
-    mock replicas; returns per-replica counts and the token hit rate the replicas reported."""
+    """Route ``calls`` (``skv.services.collect.mock_calls``) through an in-process router to
+    in-process mock replicas; returns per-replica counts and the token hit rate the replicas
+    reported."""
     import httpx
 
     from skv.services.mock_backend import MockConfig
@@ -241,7 +242,7 @@ def quiet_http_logs(quiet: bool = True) -> Iterator[None]:
 
 
 def cmd_demo_router(args: argparse.Namespace) -> int:
-    from skv.collect import mock_calls
+    from skv.services.collect import mock_calls
 
     if args.replicas < 1 or args.requests < 1:
         raise ValueError("--replicas and --requests must be >= 1")

@@ -34,11 +34,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from skv.blocks import DEFAULT_BLOCK_SIZE, request_blocks
-from skv.collect import _Words
 from skv.latency import make_latency_model
 from skv.model import Request as SkvRequest
 from skv.model import content_hash
 from skv.segmenter import Segmenter
+from skv.services.collect import _Words
 
 from ._common import json_object_body, openai_error
 

@@ -1,7 +1,7 @@
 """``skv traces info | convert``: inspect a trace, or write it as skv JSONL or oracleGeneral.
 
 :func:`add_trace_args` and :func:`load_compiled` are shared with ``skv replay``
-(:mod:`skv.replay_cli`): every command that reads a trace takes the same options.
+(:mod:`skv.experiments.replay.cli`): every command that reads a trace takes the same options.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The paper-artifact pipeline: every figure and table is one notebook, run by papermill.
 
-``python -m skv.pipeline run [--quick] [--force] [-j N] [STEP ...]`` executes the notebooks of
-:data:`STEPS` (all, or the named ones plus what they depend on) with their pinned config from
+``python -m skv.artifact.pipeline run [--quick] [--force] [-j N] [STEP ...]`` executes the notebooks
+of :data:`STEPS` (all, or the named ones plus what they depend on) with their pinned config from
 ``experiments/``; ``check`` compares the numbers they wrote with ``experiments/claims.yaml``;
 ``list`` prints the registry. ``./reproduce.sh`` calls these.
 
@@ -38,7 +38,7 @@ import yaml
 from skv.artifact import claims as claims_mod
 from skv.artifact.claims import ClaimsFile
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 KERNEL = "python3"
 
 
@@ -49,6 +49,9 @@ class Step:
     whose output directories it reads (passed as ``<dep>_dir`` parameters)."""
 
     name: str
+    #: the study it belongs to: ``notebooks/<study>/``, ``skv/experiments/<study>/`` and
+    #: (mostly) ``experiments/<study>/`` share the name
+    study: str
     config: str
     outputs: tuple[str, ...]
     needs_traces: tuple[str, ...] = ()
@@ -60,7 +63,7 @@ class Step:
 
     @property
     def notebook(self) -> str:
-        return f"notebooks/{self.name}.ipynb"
+        return f"notebooks/{self.study}/{self.name}.ipynb"
 
 
 def _fig(name: str) -> tuple[str, str]:
@@ -73,61 +76,77 @@ STEPS: dict[str, Step] = {
     s.name: s
     for s in (
         Step(
-            SUITE, "experiments", ("tables/aggregate_summary.csv", "tables/aggregate_summary.tex")
+            SUITE,
+            "semantickv",
+            "experiments/semantickv",
+            ("tables/aggregate_summary.csv", "tables/aggregate_summary.tex"),
         ),
         Step(
-            "fig_policy_comparison", "experiments", _fig("fig_policy_comparison"), depends=(SUITE,)
+            "fig_policy_comparison",
+            "semantickv",
+            "experiments/semantickv",
+            _fig("fig_policy_comparison"),
+            depends=(SUITE,),
         ),
         Step(
             "fig_evictions_by_type",
-            "experiments/low_memory_rag_stress.yaml",
+            "semantickv",
+            "experiments/semantickv/low_memory_rag_stress.yaml",
             _fig("fig_evictions_by_type"),
             depends=(SUITE,),
         ),
         Step(
             "fig_adaptive_weights",
-            "experiments/workload_shift_static_vs_adaptive.yaml",
+            "semantickv",
+            "experiments/semantickv/workload_shift_static_vs_adaptive.yaml",
             _fig("fig_adaptive_weights"),
             depends=(SUITE,),
         ),
         Step(
             "fig_memory_utilisation",
-            "experiments/low_memory_rag_stress.yaml",
+            "semantickv",
+            "experiments/semantickv/low_memory_rag_stress.yaml",
             _fig("fig_memory_utilisation"),
             depends=(SUITE,),
         ),
         Step(
             "fig_hit_rate_mooncake",
+            "replay",
             "experiments/replay/mooncake_capacity.yaml",
             _fig("fig_hit_rate_mooncake"),
             needs_traces=("mooncake/conversation_trace.jsonl",),
         ),
         Step(
             "fig_hit_rate_claude_code",
+            "replay",
             "experiments/replay/claude_code_capacity.yaml",
             _fig("fig_hit_rate_claude_code"),
             needs_traces=("weka_cc",),
         ),
         Step(
             "fig_claude_code_session_gap",
+            "replay",
             "experiments/replay/claude_code_session_gap.yaml",
             _fig("fig_claude_code_session_gap"),
             needs_traces=("weka_cc",),
         ),
         Step(
             "tab_reuse_by_type_claude_code",
+            "replay",
             "experiments/replay/claude_code_capacity.yaml",
             ("tables/reuse_by_type_claude_code.csv", "tables/reuse_by_type_claude_code.tex"),
             needs_traces=("weka_cc",),
         ),
         Step(
             "fig_fidelity_vllm",
+            "fidelity",
             "experiments/fidelity/fidelity_vllm.yaml",
             _fig("fig_fidelity_vllm"),
             needs_engine=True,
         ),
         Step(
             "fig_routing_vllm",
+            "routing",
             "experiments/routing/routing_vllm.yaml",
             (*_fig("fig_routing_vllm"), "tables/routing_vllm.csv", "tables/routing_vllm.tex"),
             needs_engine=True,
@@ -182,8 +201,7 @@ class Layout:
 def _hash_path(h: Any, path: Path) -> None:
     if path.is_dir():
         for p in sorted(path.glob("*.yaml")):
-            if p.name != "claims.yaml":
-                _hash_path(h, p)
+            _hash_path(h, p)
     elif path.is_file():
         h.update(str(path.name).encode())
         h.update(path.read_bytes())
@@ -588,7 +606,9 @@ def build_paper(*, quick: bool = False, root: Path = REPO, layout: Layout | None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m skv.pipeline", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m skv.artifact.pipeline", description=__doc__.split("\n")[0]
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="execute notebooks (all, or the named steps)")
     r.add_argument("steps", nargs="*", help=f"steps (default: all): {', '.join(STEPS)}")

@@ -132,7 +132,7 @@ class TraceCollector:
         self.request_prefix = request_prefix
         self.requests: list[Request] = []
         self.meta: dict[str, Any] = {
-            "collector": "skv.collect.TraceCollector",
+            "collector": "skv.services.collect.TraceCollector",
             "redacted": redact,
             "tokenizer": getattr(self.tokenizer, "name", type(self.tokenizer).__name__),
             "timing": "observed_ttft_ms: the handler's ttft_ms when it reports one, else the "

@@ -1,5 +1,5 @@
 """``skv replay``: a trace through eviction policies, cache only (:mod:`skv.replay`) or timed
-through the serving simulator (:mod:`skv.tracereplay`, selected by any timed option).
+through the serving simulator (:mod:`skv.experiments.replay.timed`, selected by any timed option).
 
 The command line ends here: the library functions get typed parameters, never the Namespace.
 """
@@ -100,7 +100,7 @@ def _default_out(kind: str, name: str) -> Path:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from skv import tracereplay
+    from skv.experiments.replay import timed as tracereplay
 
     check_replay_args(args)
     timed = tracereplay.wants_timed(
@@ -153,8 +153,8 @@ def cmd_replay_cache_only(args: argparse.Namespace) -> int:
 
 
 def cmd_replay_timed(args: argparse.Namespace) -> int:
-    """Unpack the Namespace into :func:`skv.tracereplay.run_timed`; print its table."""
-    from skv.tracereplay import run_timed
+    """Unpack the Namespace into :func:`skv.experiments.replay.timed.run_timed`; print its table."""
+    from skv.experiments.replay.timed import run_timed
 
     result, out = run_timed(
         args.trace,

@@ -13,13 +13,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from skv.experiments.theses import interval
+from skv.experiments.stats import interval
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 log = logging.getLogger(__name__)
 
@@ -138,10 +141,12 @@ def diff_pts(df: pd.DataFrame, a: tuple[str, float], b: tuple[str, float], metri
     return interval([100 * (x - y) for x, y in zip(xa, xb, strict=True)])
 
 
-def gap_figure(df: pd.DataFrame, title: str, assumed_gap_s: float, metric: str = "block_hit_rate"):
+def gap_figure(
+    df: pd.DataFrame, title: str, assumed_gap_s: float, metric: str = "block_hit_rate"
+) -> Figure:
     """Hit rate vs the mean session gap (log axis), one line per policy with its 95% band over
     seeds; the gap the other Claude Code results assume is marked."""
-    from skv.plotstyle import figure, paper_style, plain_ticks, policy_style
+    from skv.experiments.plotstyle import figure, paper_style, plain_ticks, policy_style
 
     s = summary(df, metric)
     with paper_style():

@@ -14,7 +14,7 @@ once per routing policy; measured hit rate per policy, and the simulator's predi
 4. Simulated: each replica's sub-trace (the requests the router sent there, in order) replayed
    cache-only through skv's ``vllm`` policy with the engine's capacity: the simulator's
    prediction of the hits for THAT routing. The gap says whether per-replica cache state is
-   modelled faithfully under routing, as :mod:`skv.fidelity` does for one engine.
+   modelled faithfully under routing, as :mod:`skv.experiments.fidelity.study` does for one engine.
 
 The approximate routers keep an approximate cache per replica (an skv ``lru`` over the router's
 own view of routed prompts); here it is sized like the engines' caches
@@ -22,8 +22,8 @@ own view of routed prompts); here it is sized like the engines' caches
 blocks, the best case for them. Token-id prompts carry no semantic types, so
 ``semantic_locality`` would route exactly like ``prefix_locality`` and is left out by default.
 
-The trace is :func:`skv.fidelity.synthetic_trace`'s (Zipf-drawn shared documents, a few unique
-blocks per request), with more shared blocks than one engine holds but fewer than all engines
+The trace is :func:`skv.experiments.engine.synthetic_trace`'s (Zipf-drawn shared documents, a few
+unique blocks per request), with more shared blocks than one engine holds but fewer than all engines
 hold together, so where a document lives matters.
 """
 
@@ -36,19 +36,22 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import numpy as np
 
-from skv.fidelity import (
-    _run_coroutine,
+from skv.experiments.engine import (
     compare_hits,
     engine_missing,
     load_section,
+    run_coroutine,
     simulate_hits,
     synthetic_trace,
 )
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +81,7 @@ def load_config(
     path: str | Path | None = None, *, quick: bool = False, **overrides: Any
 ) -> dict[str, Any]:
     """:data:`DEFAULTS` overlaid by the file's ``routing:`` section (see
-    :func:`skv.fidelity.load_section`)."""
+    :func:`skv.experiments.engine.load_section`)."""
     return load_section(path, "routing", DEFAULTS, quick=quick, overrides=overrides)
 
 
@@ -222,7 +225,7 @@ def run_policy(
         _reset_caches(servers, state.index)
         t0 = time.perf_counter()
         with serve_in_thread(app, lifespan="on") as url:
-            results = _run_coroutine(lambda: go(url))
+            results = run_coroutine(lambda: go(url))
     finally:
         for sub in app.state.kv_subscribers:
             sub.close()
@@ -384,12 +387,11 @@ def run_routing(config: dict[str, Any] | str | Path | None = None) -> dict[str, 
 # ---------------------------------------------------------------------- figure
 
 
-def routing_figure(result: dict[str, Any]):
+def routing_figure(result: dict[str, Any]) -> Figure:
     """Per policy: token hit rate, measured vs simulated; and the prompt tokens the engines had
     to prefill (measured). TTFT stays in the table: on a shared 2-core VM it is too noisy to
     carry a figure."""
-    from skv.figures import _wrap
-    from skv.plotstyle import OKABE_ITO, figure, paper_style
+    from skv.experiments.plotstyle import OKABE_ITO, figure, paper_style, wrap_title
 
     rows = result["policies"]
     names = [r["policy"].replace("_", " ") for r in rows]
@@ -410,7 +412,7 @@ def routing_figure(result: dict[str, Any]):
         ax1.set_xticks(x, names, rotation=25, ha="right")
         ax1.set_xlabel("routing policy")
         ax1.set_ylabel("token hit rate (%)")
-        ax1.set_title(_wrap(title, 60), fontsize=7)
+        ax1.set_title(wrap_title(title, 60), fontsize=7)
         ax1.legend(frameon=False, fontsize=6, loc="upper left")
         ax1.set_ylim(0, max(100 * max(r["measured_hit_rate"], r["simulated_hit_rate"])
                             for r in rows) * 1.35 or 1.0)  # fmt: skip

@@ -5,8 +5,8 @@ hatch (bars), fixed per policy NAME (:data:`POLICY_STYLES`), so ``lru`` looks th
 figure. A figure highlights the policies it is about (:data:`DEFAULT_HIGHLIGHT`) in colour and
 draws the rest in grey, each keeping its marker or hatch. Semantic types have fixed colours too
 (:func:`type_style`). Offline reference policies (Belady) are dotted lines or cross-hatched bars.
-:mod:`skv.experiments.plots` (per-run PNGs) and the paper figures (:mod:`skv.figures`, PDF +
-PNG) share these constants.
+Every study's figure functions draw with these constants, for a run's own PNGs and for the
+paper's PDF + PNG alike.
 
 :func:`check_figure` (called by :func:`save_figure` and the per-run plots) rejects a figure whose
 data axes lack labels, whose labelled series are not all in a legend, or whose text (titles,
@@ -16,6 +16,7 @@ labels, tick labels, legends, notes) reaches outside the canvas after layout.
 from __future__ import annotations
 
 import logging
+import textwrap
 import zlib
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
@@ -236,6 +237,11 @@ def figure(width: float | str = "column", height: float = 2.2) -> Figure:
     fig = Figure(figsize=(float(w), height))
     FigureCanvasAgg(fig)
     return fig
+
+
+def wrap_title(text: str, width: int) -> str:
+    """``text`` broken into lines of at most ``width`` characters (never at hyphens)."""
+    return "\n".join(textwrap.wrap(text, width, break_on_hyphens=False)) or text
 
 
 @contextmanager

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from skv.experiments.stats import mean_ci
+from skv.experiments.stats import interval
 
 THESIS_POLICY = "adaptive_semantic"
 BASELINE = "lru"
@@ -35,17 +35,6 @@ def _tightest(doc: dict[str, Any]) -> str:
 def _by_seed(doc: dict[str, Any], capacity: str, policy: str, metric: str) -> dict[int, float]:
     runs = [r for r in doc["runs"] if r["capacity"] == capacity and r["policy"] == policy]
     return {int(r["seed"]): float(r[metric]) for r in runs}
-
-
-def interval(values: Sequence[float], *, method: str = "t") -> dict[str, Any]:
-    """Mean over seeds with its 95% interval in the claims.json shape: Student t for paired
-    differences (the default), ``method="bootstrap"`` for levels (the rule of
-    skv.experiments.stats). A single value gets a zero-width interval: one seed gives no
-    spread estimate, and says so with n=1 (claims then refuse it: they need 5 seeds)."""
-    s = mean_ci(values, method=method)
-    lo = s["ci95_low"] if s["ci95_low"] is not None else s["mean"]
-    hi = s["ci95_high"] if s["ci95_high"] is not None else s["mean"]
-    return {"value": s["mean"], "ci95": [lo, hi], "n": s["n"]}
 
 
 def paired(

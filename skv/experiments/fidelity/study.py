@@ -10,30 +10,38 @@ a few unique blocks per request, so the distinct blocks exceed the cache and for
 2. replayed (cache only) through skv's ``vllm`` policy (:class:`skv.cache.vllm_pool.VllmBlockPool`)
    with ``capacity_blocks = N`` (it models the null block and the ``prompt_len - 1`` hit cap
    itself) on the engine-unit trace from :func:`skv.vllm.hashreplay.results_to_trace`, each
-   request decoding its answer into blocks before it frees them (:func:`with_output_blocks`);
+   request decoding its answer into blocks before it frees them
+   (:func:`skv.experiments.engine.with_output_blocks`);
 3. compared per request (engine ``cached_tokens`` vs simulated hit tokens) and in total (token
    hit rate, in points);
 4. the calibrated latency model is fitted to the measured TTFT
    (:func:`skv.latency.calibrated.fit_from_requests`) and its R^2 reported.
 
 :func:`run_fidelity` does it all; without the engine venv it returns ``{"skipped": True,
-"reason": ...}`` instead of failing. :func:`compare_hits` and :func:`simulate_hits` are the
-engine-free parts (unit-tested on their own).
+"reason": ...}`` instead of failing. The engine-free parts are
+:mod:`skv.experiments.engine`'s (shared with the routing study).
 """
 
 from __future__ import annotations
 
-import asyncio
-import random
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import yaml
+from skv.experiments.engine import (
+    compare_hits,
+    engine_missing,
+    load_section,
+    run_coroutine,
+    simulate_hits,
+    synthetic_trace,
+)
+from skv.model import Request
 
-from skv.model import Request, Segment, SemanticType
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 #: config keys and their defaults (experiments/fidelity/fidelity_vllm.yaml pins them)
 DEFAULTS: dict[str, Any] = {
@@ -53,31 +61,6 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-def load_section(
-    path: str | Path | None,
-    section: str,
-    defaults: dict[str, Any],
-    *,
-    quick: bool = False,
-    overrides: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """An engine experiment's config: ``defaults``, then the file's ``section`` mapping (keys it
-    does not know are an error naming the file), then (``quick``) its ``quick:`` mapping, then
-    ``overrides`` (None values ignored)."""
-    cfg = dict(defaults)
-    if path is not None:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-        for part in (section, "quick"):
-            unknown = set(data.get(part) or {}) - set(defaults)
-            if unknown:
-                raise ValueError(f"{path}: {part}: unknown keys {sorted(unknown)}")
-        cfg.update(data.get(section) or {})
-        if quick:
-            cfg.update(data.get("quick") or {})
-    cfg.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    return cfg
-
-
 def load_config(
     path: str | Path | None = None, *, quick: bool = False, **overrides: Any
 ) -> dict[str, Any]:
@@ -88,163 +71,10 @@ def load_config(
 # ---------------------------------------------------------------------- trace
 
 
-def synthetic_trace(cfg: dict[str, Any]) -> list[Request]:
-    """Seeded hash-id trace in engine units (``hash_block_size = block_size``).
-
-    Request ``i``: a document ``d`` (Zipf over ``num_docs``) of ``doc_blocks`` blocks (ids
-    ``100000 + 1000 d + k``), then ``own_blocks`` unique blocks (ids ``900000+``); the prompt
-    ends in a partial block (1..B-1 tokens of its last block), as the ``vllm`` policy's
-    ``N - 2`` usable-block accounting assumes.
-    """
-    rng = random.Random(int(cfg["seed"]))
-    bs = int(cfg["block_size"])
-    n_docs = int(cfg["num_docs"])
-    lo, hi = cfg["doc_blocks"]
-    doc_len = [rng.randint(int(lo), int(hi)) for _ in range(n_docs)]
-    weights = [1.0 / (k + 1) ** float(cfg["zipf_s"]) for k in range(n_docs)]
-    olo, ohi = cfg["own_blocks"]
-    uid = 900_000
-    out: list[Request] = []
-    for i in range(int(cfg["num_requests"])):
-        d = rng.choices(range(n_docs), weights)[0]
-        shared = [100_000 + 1000 * d + k for k in range(doc_len[d])]
-        own = list(range(uid, uid + rng.randint(int(olo), int(ohi))))
-        uid += len(own)
-        ids = shared + own
-        tokens = bs * (len(ids) - 1) + rng.randint(1, bs - 1)  # partial last block
-        doc_tokens = bs * len(shared)
-        out.append(
-            Request(
-                f"fid:{i}",
-                0.01 * i,
-                [
-                    Segment(SemanticType.RETRIEVED_CONTEXT, doc_tokens),
-                    Segment(SemanticType.USER_QUERY, tokens - doc_tokens),
-                ],
-                output_tokens=int(cfg["max_output_tokens"]),
-                hash_ids=ids,
-                hash_block_size=bs,
-            )
-        )
-    return out
-
-
 # ---------------------------------------------------------------------- simulate / compare
 
 
-#: hash ids for generated tokens: far above any id a trace or :func:`synthetic_trace` uses
-OUTPUT_ID_BASE = 1 << 40
-
-
-def with_output_blocks(r: Request, block_size: int, first_id: int) -> Request | None:
-    """``r`` grown by its answer, as vLLM caches it: KV exists for ``prompt + output - 1``
-    tokens (the last sampled token is never fed back), the prompt's partial last block fills
-    up with the answer's first tokens, and every block from there on holds content no other
-    request has (fresh hash ids ``first_id, first_id + 1, ...``). None when the answer adds
-    nothing to the prompt's blocks."""
-    if r.hash_ids is None or r.output_tokens <= 1:
-        return None
-    bs = block_size
-    prompt = r.prompt_tokens
-    total = prompt + r.output_tokens - 1
-    n_full = prompt // bs
-    n_blocks = -(-total // bs)
-    if n_blocks <= n_full:
-        return None
-    fresh = list(range(first_id, first_id + n_blocks - n_full))
-    out_seg = Segment(SemanticType.OUTPUT, total - prompt)
-    return Request(
-        r.request_id,
-        r.arrival_s,
-        [*r.segments, out_seg],
-        hash_ids=list(r.hash_ids[:n_full]) + fresh,
-        hash_block_size=bs,
-    )
-
-
-def simulate_hits(
-    trace: Sequence[Request], block_size: int, capacity_blocks: int, *, decode: bool = True
-) -> list[int]:
-    """Per-request hit tokens of skv's ``vllm`` policy, cache-only, in trace order. With
-    ``decode``, each request also decodes its ``output_tokens`` into blocks before it frees
-    them (:func:`with_output_blocks`), as the engine does."""
-    from skv.blocks import request_blocks
-    from skv.policies.registry import make_cache
-    from skv.replay import compile_trace
-
-    blocks = compile_trace(trace, block_size)
-    cache = make_cache("vllm", capacity_blocks)
-    hits = []
-    next_id = OUTPUT_ID_BASE
-    for r, rb in zip(trace, blocks, strict=True):
-        lease = cache.acquire(rb, rb.arrival_s)
-        ext = with_output_blocks(r, block_size, next_id) if decode else None
-        if ext is not None:
-            next_id += len(ext.hash_ids)  # answers never share blocks
-            erb = request_blocks(ext, block_size, "prefix")
-            cache.extend(lease, erb, r.prompt_tokens // block_size, rb.arrival_s)
-        cache.release(lease, rb.arrival_s)
-        hits.append(int(lease.hit_tokens))
-    return hits
-
-
-def compare_hits(
-    prompt_tokens: Sequence[int], measured: Sequence[int | None], simulated: Sequence[int]
-) -> dict[str, Any]:
-    """Measured vs simulated cached tokens: token hit rates (of all prompt tokens), the gap in
-    points, and per-request agreement. Requests without a measurement are left out of both."""
-    if not (len(prompt_tokens) == len(measured) == len(simulated)):
-        raise ValueError("compare_hits: sequences differ in length")
-    rows = [
-        (p, int(m), int(s))
-        for p, m, s in zip(prompt_tokens, measured, simulated, strict=True)
-        if m is not None
-    ]
-    total = sum(p for p, _, _ in rows)
-    m_tot = sum(m for _, m, _ in rows)
-    s_tot = sum(s for _, _, s in rows)
-    m_rate = m_tot / total if total else 0.0
-    s_rate = s_tot / total if total else 0.0
-    diffs = [m - s for _, m, s in rows]
-    exact = sum(1 for d in diffs if d == 0)
-    return {
-        "requests_compared": len(rows),
-        "prompt_tokens": total,
-        "measured_hit_tokens": m_tot,
-        "simulated_hit_tokens": s_tot,
-        "measured_hit_rate": m_rate,
-        "simulated_hit_rate": s_rate,
-        "hit_rate_gap_pts": 100.0 * abs(m_rate - s_rate),
-        "exact_agreement": exact / len(rows) if rows else 0.0,
-        "requests_disagreeing": len(rows) - exact,
-        "mean_abs_diff_tokens": sum(abs(d) for d in diffs) / len(rows) if rows else 0.0,
-        "measured_hit_requests": sum(1 for _, m, _ in rows if m > 0),
-    }
-
-
 # ---------------------------------------------------------------------- engine
-
-
-def engine_missing() -> str | None:
-    """Why the engine cannot run here, or None."""
-    from skv.vllm.server import find_engine_python, setup_hint
-
-    if find_engine_python() is None:
-        return f"vLLM engine venv absent: {setup_hint()}"
-    return None
-
-
-def _run_coroutine(make):
-    """``asyncio.run(make())``, in a worker thread when this thread already runs an event loop
-    (a Jupyter kernel does)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(make())
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(lambda: asyncio.run(make())).result()
 
 
 def measure(cfg: dict[str, Any], trace: Sequence[Request], work_dir: Path) -> dict[str, Any]:
@@ -284,7 +114,7 @@ def measure(cfg: dict[str, Any], trace: Sequence[Request], work_dir: Path) -> di
     with srv:
         srv.start()
         t0 = time.perf_counter()
-        results = _run_coroutine(go)
+        results = run_coroutine(go)
         replay_s = time.perf_counter() - t0
     return {"plan": plan, "results": results, "startup_s": srv.ready_seconds, "replay_s": replay_s}
 
@@ -347,12 +177,11 @@ def run_fidelity(config: dict[str, Any] | str | Path | None = None) -> dict[str,
 # ---------------------------------------------------------------------- figure
 
 
-def fidelity_figure(result: dict[str, Any]):
+def fidelity_figure(result: dict[str, Any]) -> Figure:
     """Two panels, measured values as markers over the simulated/fitted values as a line:
     cached tokens per request (skv's ``vllm`` policy vs the engine, request order), and measured
     TTFT against the fitted latency model (the line y = x is the model)."""
-    from skv.figures import _wrap
-    from skv.plotstyle import OKABE_ITO, figure, paper_style
+    from skv.experiments.plotstyle import OKABE_ITO, figure, paper_style, wrap_title
 
     rows = result["per_request"]
     title = (result.get("config") or {}).get("title") or DEFAULTS["title"]
@@ -386,7 +215,7 @@ def fidelity_figure(result: dict[str, Any]):
         ax1.set_xlabel("request (arrival order)")
         ax1.set_ylabel("cached tokens")
         ax1.set_title(
-            _wrap(
+            wrap_title(
                 f"{title}: token hit rate {100 * result['measured_hit_rate']:.1f}% measured, "
                 f"{100 * result['simulated_hit_rate']:.1f}% simulated "
                 f"(gap {result['hit_rate_gap_pts']:.2f} pts)",

@@ -1,0 +1,199 @@
+"""Cache-only replay of real traces: hit rate against capacity, and reuse by semantic type.
+
+A replay config (``experiments/replay/*_capacity.yaml``) names a trace, the policies and the
+capacities (shares of the trace's unique blocks); :func:`capacity_curve` replays every policy at
+every capacity through :mod:`skv.replay` (hit rates simulated, no timing) and
+:func:`hit_rate_vs_capacity` draws the curve beside the infinite-cache ceiling.
+:func:`reuse_by_type` is the analogue of SAECache's reuse-by-token-type table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib.ticker
+import pandas as pd
+import yaml
+from matplotlib.figure import Figure
+
+from skv.experiments.plotstyle import (
+    DEFAULT_HIGHLIGHT,
+    figure,
+    order_highlighted_last,
+    paper_style,
+    policy_style,
+    wrap_title,
+)
+
+
+def load_replay_config(path: str | Path, *, quick: bool) -> dict[str, Any]:
+    """A replay config (``experiments/replay/*.yaml``): ``trace``, ``format_options``,
+    ``policies``, ``capacities``, ``max_requests``, ``title`` (what its figure is called;
+    default: the id, humanised); its ``quick:`` mapping overrides them."""
+    from skv.experiments.config import humanise_id
+
+    data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    allowed = {
+        "id",
+        "title",
+        "description",
+        "trace",
+        "format_options",
+        "policies",
+        "capacities",
+        "max_requests",
+        "reuse_policy",
+        "reuse_capacity",
+        "quick",
+    }
+    unknown = set(data) - allowed
+    if unknown:
+        raise ValueError(f"{path}: unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}")
+    over = data.pop("quick", None) or {}
+    if quick:
+        data.update(over)
+    data.setdefault("format_options", {})
+    data.setdefault("max_requests", None)
+    data["title"] = str(data.get("title") or "").strip() or humanise_id(
+        str(data.get("id") or Path(path).stem)
+    )
+    return data
+
+
+def load_real_trace(name: str, *, max_requests: int | None = None, **options: Any) -> list:
+    """Requests of a real trace found through :func:`skv.traces.find_trace` (raises
+    FileNotFoundError saying where to get it); the first ``max_requests`` in arrival order."""
+    from skv.traces import find_trace, load_trace
+
+    reqs = load_trace(find_trace(name), **options)
+    return reqs[:max_requests] if max_requests else reqs
+
+
+def capacity_curve(
+    requests: Sequence, policies: Sequence[str], capacities: Sequence[str]
+) -> pd.DataFrame:
+    """Cache-only replay of every policy at every capacity: one row per (capacity, policy)
+    with ``capacity_share`` (of the trace's unique blocks), hit rates and the ceiling."""
+    from skv.replay import compile_trace, replay_trace
+
+    trace = compile_trace(requests)
+    rows = replay_trace(trace, policies, capacities, progress=False)
+    df = pd.DataFrame(
+        [{k: v for k, v in r.items() if not isinstance(v, dict | list)} for r in rows]
+    )
+    df["capacity_share"] = [_share(c) for c in df["capacity"]]
+    return df
+
+
+def _share(spec: str) -> float:
+    s = str(spec).strip()
+    if not s.endswith("%"):
+        raise ValueError(f"capacity {spec!r}: hit-rate curves need shares like '10%'")
+    return float(s[:-1]) / 100.0
+
+
+def hit_rate_vs_capacity(
+    df: pd.DataFrame,
+    title: str,
+    metric: str = "block_hit_rate",
+    highlight: Sequence[str] | None = DEFAULT_HIGHLIGHT,
+) -> Figure:
+    """One line per policy (Belady dotted, offline) and the infinite-cache ceiling (dashed);
+    ``highlight`` policies in colour on top of the grey rest, legend in the trace's order.
+    ``title``: the replay config's ``title``."""
+    from skv.policies.registry import OFFLINE
+
+    with paper_style():
+        fig = figure("column", 2.9)
+        ax = fig.add_subplot()
+        policies = list(dict.fromkeys(df["policy"]))
+        handles = {}
+        for pol in order_highlighted_last(policies, lambda p: (p, None), highlight):
+            d = df[df["policy"] == pol].sort_values("capacity_share")
+            off = pol in OFFLINE
+            (handles[pol],) = ax.plot(
+                100 * d["capacity_share"],
+                d[metric],
+                label=f"{pol} (offline)" if off else pol,
+                **policy_style(pol, offline=off, highlight=highlight),
+            )
+        ceiling = float(df[f"ceiling_{metric}"].iloc[0])
+        ax.axhline(ceiling, color="0.0", linestyle="--", linewidth=0.8)
+        ax.text(
+            0.01,
+            ceiling,
+            "infinite cache",
+            transform=ax.get_yaxis_transform(),
+            fontsize=6,
+            va="bottom",
+        )
+        shares = sorted(set(df["capacity_share"]))
+        ax.set_xscale("log")
+        ax.set_xticks([100 * s for s in shares], [f"{100 * s:g}" for s in shares])
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        ax.set_ylim(0, None)
+        ax.set_xlabel("capacity (% of unique blocks)")
+        ax.set_ylabel(metric.replace("_", " "))
+        ax.set_title(wrap_title(title, 48), fontsize=7)
+        ax.legend(
+            [handles[p] for p in policies],
+            [handles[p].get_label() for p in policies],
+            frameon=False,
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.25),
+            ncols=3,
+        )
+    return fig
+
+
+def curve_value(df: pd.DataFrame, policy: str, capacity: str, metric: str = "block_hit_rate"):
+    """One cell of a capacity curve (None when that row was not run)."""
+    d = df[(df["policy"] == policy) & (df["capacity"] == capacity)]
+    return None if d.empty else float(d[metric].iloc[0])
+
+
+def reuse_by_type(requests: Sequence, block_size: int | None = None) -> pd.DataFrame:
+    """Per semantic type: prompt tokens, their share, and the share an infinite prefix cache
+    would serve (a block reused along its chain, the ceiling of :func:`skv.replay.trace_totals`),
+    the analogue of SAECache's reuse-by-token-type table. Sorted by tokens, descending."""
+    from skv.model import TYPES
+    from skv.replay import compile_trace
+
+    trace = compile_trace(requests, block_size)
+    tokens = [0] * len(TYPES)
+    reused = [0] * len(TYPES)
+    seen: set[int] = set()
+    for rb in trace:
+        in_run = False
+        for key, parent, tok, st in zip(rb.keys, rb.parents, rb.tokens, rb.stypes, strict=True):
+            tokens[st] += tok
+            if parent is None:
+                in_run = True
+            if in_run and key in seen:
+                reused[st] += tok
+            else:
+                in_run = False
+                seen.add(key)
+    total = sum(tokens) or 1
+    rows = [
+        {
+            "semantic_type": TYPES[i].value,
+            "prompt_tokens": tokens[i],
+            "token_share": tokens[i] / total,
+            "reused_tokens": reused[i],
+            "reuse_rate": reused[i] / tokens[i],
+        }
+        for i in range(len(TYPES))
+        if tokens[i]
+    ]
+    return pd.DataFrame(rows).sort_values("prompt_tokens", ascending=False, ignore_index=True)
+
+
+def hit_rate_by_type(requests: Sequence, policy: str, capacity: str) -> dict[str, float]:
+    """Token hit rate per semantic type of one policy at one capacity (cache-only replay)."""
+    from skv.replay import compile_trace, replay_trace
+
+    rows = replay_trace(compile_trace(requests), [policy], [capacity], progress=False)
+    return dict(rows[0]["hit_rate_by_type"])

@@ -3,7 +3,10 @@
 ``register(subparsers)`` adds the ``services`` group and, hidden, the old top-level spellings
 (``skv serve-mock``, ``skv proxy``, ``skv router``, ``skv sim-api``, ``skv demo-router``: same
 arguments, same behaviour). Every server binds 127.0.0.1 unless ``--host`` says otherwise.
-Flags override the corresponding ``SKV_*`` environment variables.
+Flags override the corresponding ``SKV_*`` environment variables. Every server refuses request
+bodies over ``--max-body-bytes`` (``SKV_MAX_BODY_BYTES``, default 4 MiB) with 413; the proxy
+and router take ``--connect-timeout`` / ``--first-byte-timeout`` / ``--timeout`` (total) for
+their upstream calls (defaults 5 / 60 / 600 s; see ``skv.services._common.Timeouts``).
 """
 
 from __future__ import annotations
@@ -18,7 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from skv.services._common import DEFAULT_HOST
+from skv.services._common import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_FIRST_BYTE_TIMEOUT_S,
+    DEFAULT_HOST,
+    DEFAULT_TOTAL_TIMEOUT_S,
+    max_body_bytes_from_env,
+)
 
 
 def _uvicorn_run(app: Any, host: str, port: int) -> int:
@@ -31,6 +40,32 @@ def _uvicorn_run(app: Any, host: str, port: int) -> int:
 def _server_args(p: argparse.ArgumentParser, port: int) -> None:
     p.add_argument("--host", default=DEFAULT_HOST, help=f"bind address (default {DEFAULT_HOST})")
     p.add_argument("--port", type=int, default=port, help=f"port (default {port})")
+    p.add_argument(
+        "--max-body-bytes", type=int, default=None,
+        help="413 for larger request bodies (SKV_MAX_BODY_BYTES; default 4 MiB)",
+    )  # fmt: skip
+
+
+def _timeout_args(p: argparse.ArgumentParser, env: str) -> None:
+    p.add_argument(
+        "--connect-timeout", type=float, default=None,
+        help=f"seconds to connect upstream ({env}_CONNECT_TIMEOUT_SECONDS; "
+        f"default {DEFAULT_CONNECT_TIMEOUT_S:g})",
+    )  # fmt: skip
+    p.add_argument(
+        "--first-byte-timeout", type=float, default=None,
+        help=f"seconds to the upstream's response headers, and the longest silence in a stream "
+        f"({env}_FIRST_BYTE_TIMEOUT_SECONDS; default {DEFAULT_FIRST_BYTE_TIMEOUT_S:g})",
+    )  # fmt: skip
+    p.add_argument(
+        "--timeout", type=float, default=None,
+        help=f"total seconds from arrival to last byte ({env}_TIMEOUT_SECONDS; "
+        f"default {DEFAULT_TOTAL_TIMEOUT_S:g})",
+    )  # fmt: skip
+
+
+def _max_body(args: argparse.Namespace) -> int:
+    return args.max_body_bytes if args.max_body_bytes is not None else max_body_bytes_from_env()
 
 
 def _mock_args(p: argparse.ArgumentParser) -> None:
@@ -60,7 +95,7 @@ def _proxy_args(p: argparse.ArgumentParser) -> None:
         "--redact", action=argparse.BooleanOptionalAction, default=None,
         help="store no prompt/response text (SKV_REDACT_TEXT, default true)",
     )  # fmt: skip
-    p.add_argument("--timeout", type=float, default=None, help="SKV_PROXY_TIMEOUT_SECONDS")
+    _timeout_args(p, "SKV_PROXY")
 
 
 def _router_args(p: argparse.ArgumentParser) -> None:
@@ -70,7 +105,7 @@ def _router_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replicas", default=None, help="comma-separated base URLs (SKV_REPLICAS)")
     p.add_argument("--policy", choices=POLICIES, default=None, help="SKV_ROUTING_POLICY")
     p.add_argument("--routing-dir", default=None, help="decision log dir (outputs/routing)")
-    p.add_argument("--timeout", type=float, default=None)
+    _timeout_args(p, "SKV_ROUTER")
     p.add_argument(
         "--kv-events",
         default=None,
@@ -108,6 +143,7 @@ def cmd_serve_mock(args: argparse.Namespace) -> int:
         model=args.model, policy=args.policy, cache_tokens=args.cache_tokens,
         latency=args.latency, time_scale=args.time_scale, itl_ms=args.itl_ms,
         max_tokens=args.max_tokens, seed=args.seed, name=args.name,
+        max_body_bytes=_max_body(args),
     )  # fmt: skip
     faults = Faults(
         delay_s=args.delay, fail_status=args.fail_status, drop_after_chunks=args.drop_after_chunks
@@ -125,11 +161,19 @@ def cmd_proxy(args: argparse.Namespace) -> int:
         cfg.trace_output_dir = Path(args.trace_dir)
     if args.redact is not None:
         cfg.redact_text = args.redact
-    if args.timeout is not None:
-        cfg.timeout_s = args.timeout
+    _set_timeouts(cfg, args)
+    cfg.max_body_bytes = _max_body(args)
     app = create_app(cfg)
     print(f"proxy -> {cfg.upstream_base_url}; trace: {app.state.writer.path}")
     return _uvicorn_run(app, args.host, args.port)
+
+
+def _set_timeouts(cfg: Any, args: argparse.Namespace) -> None:
+    """The timeout flags given override the config's (its env values)."""
+    for flag in ("connect_timeout", "first_byte_timeout", "timeout"):
+        if getattr(args, flag) is not None:
+            setattr(cfg, f"{flag}_s", getattr(args, flag))
+    cfg.timeouts  # noqa: B018  (checks them: a clear error before the server starts)
 
 
 def cmd_router(args: argparse.Namespace) -> int:
@@ -141,13 +185,13 @@ def cmd_router(args: argparse.Namespace) -> int:
         os.environ["SKV_ROUTING_POLICY"] = args.policy
     if args.routing_dir:
         os.environ["SKV_ROUTING_OUTPUT_DIR"] = args.routing_dir
-    if args.timeout is not None:
-        os.environ["SKV_ROUTER_TIMEOUT_SECONDS"] = str(args.timeout)
     if args.kv_events:
         os.environ["SKV_KV_EVENTS"] = args.kv_events
     if args.kv_events_topic:
         os.environ["SKV_KV_EVENTS_TOPIC"] = args.kv_events_topic
     cfg = RouterConfig.from_env()
+    _set_timeouts(cfg, args)
+    cfg.max_body_bytes = _max_body(args)
     print(f"router ({cfg.policy}) over {', '.join(cfg.replicas)}")
     return _uvicorn_run(create_app(cfg), args.host, args.port)
 
@@ -160,6 +204,7 @@ def cmd_sim_api(args: argparse.Namespace) -> int:
         cfg.policy = args.policy
     if args.cache_tokens is not None:
         cfg.cache_tokens = args.cache_tokens
+    cfg.max_body_bytes = _max_body(args)
     return _uvicorn_run(create_app(cfg), args.host, args.port)
 
 

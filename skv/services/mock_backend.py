@@ -15,14 +15,20 @@ carries the simulated TTFT.
 ``vllm:num_requests_running``).
 
 Fault injection (tests): ``Faults`` on ``app.state.engine.faults``, also ``GET/POST /mock/faults``
-(JSON with the same fields): ``delay_s`` (sleep before answering, headers included),
-``fail_status`` (answer that status, e.g. 500, to the next ``fail_count`` requests; ``-1``: all),
-``drop_after_chunks`` (streams: break the connection after that many content chunks).
+(a JSON object with some of the same fields): ``delay_s`` (sleep before answering, headers
+included; 0 to 3600), ``fail_status`` (answer that HTTP error status, 400 to 599, to the next
+``fail_count`` requests; ``-1``: all; null: none), ``drop_after_chunks`` (streams: break the
+connection after that many content chunks; null: never). A POST is checked as a whole: any
+wrong field is a 400 and changes nothing.
+
+Requests: bodies over ``MockConfig.max_body_bytes`` get 413, malformed JSON 400 (see
+:mod:`skv.services._common`); segmentation and the cache lookup run off the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 import uuid
@@ -32,6 +38,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 from skv.blocks import DEFAULT_BLOCK_SIZE, request_blocks
 from skv.latency import make_latency_model
@@ -40,22 +47,51 @@ from skv.model import content_hash
 from skv.segmenter import Segmenter
 from skv.services.collect import _Words
 
-from ._common import json_object_body, openai_error
+from ._common import DEFAULT_MAX_BODY_BYTES, install_body_limit, json_object_body, openai_error
+
+#: fault -> (lowest, highest or None, null allowed); delay_s is a number, the others integers
+_FAULT_RANGES: dict[str, tuple[float, float | None, bool]] = {
+    "delay_s": (0.0, 3600.0, False),
+    "fail_status": (400, 599, True),
+    "fail_count": (-1, None, False),
+    "drop_after_chunks": (0, None, True),
+}
+
+
+def check_fault(key: str, value: Any) -> Any:
+    """``value`` as the fault ``key`` takes it, or ValueError naming what is wrong."""
+    if key not in _FAULT_RANGES:
+        raise ValueError(f"unknown fault {key!r}; known: {', '.join(_FAULT_RANGES)}")
+    lo, hi, nullable = _FAULT_RANGES[key]
+    if value is None and nullable:
+        return None
+    number = int | float if key == "delay_s" else int
+    if isinstance(value, bool) or not isinstance(value, number):
+        kind = "a number" if key == "delay_s" else "an integer"
+        raise ValueError(f"fault {key}: expected {kind}{' or null' if nullable else ''}")
+    bad_float = isinstance(value, float) and not math.isfinite(value)
+    if bad_float or value < lo or (hi is not None and value > hi):
+        raise ValueError(f"fault {key}={value!r}: must be in [{lo}, {'inf' if hi is None else hi}]")
+    return float(value) if key == "delay_s" else value
 
 
 @dataclass
 class Faults:
+    """Injected faults; every field is checked (:func:`check_fault`), on creation and update."""
+
     delay_s: float = 0.0
     fail_status: int | None = None
     fail_count: int = -1  # with fail_status: how many requests fail (-1: every one)
     drop_after_chunks: int | None = None
 
+    def __post_init__(self) -> None:
+        for key in _FAULT_RANGES:
+            setattr(self, key, check_fault(key, getattr(self, key)))
+
     def update(self, data: Mapping[str, Any]) -> None:
-        for key, value in data.items():
-            if key not in self.__dataclass_fields__:
-                raise ValueError(
-                    f"unknown fault {key!r}; known: {', '.join(self.__dataclass_fields__)}"
-                )
+        """Set the given faults, all or none (ValueError: nothing changed)."""
+        checked = {key: check_fault(key, value) for key, value in data.items()}
+        for key, value in checked.items():
             setattr(self, key, value)
 
     def take_failure(self) -> int | None:
@@ -80,6 +116,7 @@ class MockConfig:
     seed: int = 0
     tokenizer: str | None = None
     name: str = "mock"  # shown in responses and metrics (which replica answered)
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # larger request bodies: 413
 
 
 @dataclass
@@ -191,6 +228,25 @@ def prompt_segments(engine: MockEngine, body: dict[str, Any], chat: bool) -> lis
     return engine.segmenter.text(prompt)
 
 
+def run_prompt(engine: MockEngine, body: dict[str, Any], chat: bool) -> MockResult:
+    """Segment the body and look it up in the cache (CPU work: called in a worker thread)."""
+    segments = prompt_segments(engine, body, chat)
+    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+    return engine.process(segments, int(max_tokens) if isinstance(max_tokens, int) else None)
+
+
+def token_ids(engine: MockEngine, body: dict[str, Any]) -> list[int]:
+    """``/tokenize``: the ids of the prompt's segment texts (ValueError: no usable prompt)."""
+    messages = body.get("messages")
+    if messages is None and isinstance(body.get("prompt"), str):
+        messages = [{"role": "user", "content": body["prompt"]}]
+    if not isinstance(messages, list):
+        raise ValueError("need 'messages' or a string 'prompt'")
+    pieces = engine.segmenter.pieces(messages, body.get("tools"))
+    encode = engine.segmenter.tokenizer.encode
+    return [t for _stype, text in pieces for t in encode(text)]
+
+
 @dataclass
 class _Reply:
     """What one completion answers: ids, the simulated result and the ``skv_mock`` extras."""
@@ -292,6 +348,7 @@ def create_app(config: MockConfig | None = None, faults: Faults | None = None) -
     engine = MockEngine(config, faults)
     cfg = engine.config
     app = FastAPI(title="skv mock engine", version="1")
+    install_body_limit(app, cfg.max_body_bytes)
     app.state.engine = engine
 
     @app.get("/health")
@@ -308,9 +365,12 @@ def create_app(config: MockConfig | None = None, faults: Faults | None = None) -
 
     @app.post("/mock/faults")
     async def set_faults(request: Request) -> Response:
+        body = await json_object_body(request)
+        if isinstance(body, Response):
+            return body
         try:
-            engine.faults.update(await request.json())
-        except (ValueError, TypeError) as exc:
+            engine.faults.update(body)
+        except ValueError as exc:
             return openai_error(400, str(exc), "invalid_request_error")
         return JSONResponse(asdict(engine.faults))
 
@@ -331,11 +391,9 @@ def create_app(config: MockConfig | None = None, faults: Faults | None = None) -
             engine.counters["request_failure"] += 1
             return openai_error(status, f"injected failure ({status})", "server_error")
         try:
-            segments = prompt_segments(engine, body, chat)
+            res = await run_in_threadpool(run_prompt, engine, body, chat)
         except ValueError as exc:
             return openai_error(400, str(exc), "invalid_request_error")
-        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
-        res = engine.process(segments, int(max_tokens) if isinstance(max_tokens, int) else None)
         reply = _Reply(
             chat=chat,
             rid=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24],
@@ -360,19 +418,10 @@ def create_app(config: MockConfig | None = None, faults: Faults | None = None) -
         body = await json_object_body(request)
         if isinstance(body, Response):
             return body
-        messages = body.get("messages")
-        if messages is None and isinstance(body.get("prompt"), str):
-            messages = [{"role": "user", "content": body["prompt"]}]
-        if not isinstance(messages, list):
-            return openai_error(
-                400, "need 'messages' or a string 'prompt'", "invalid_request_error"
-            )
         try:
-            pieces = engine.segmenter.pieces(messages, body.get("tools"))
+            tokens = await run_in_threadpool(token_ids, engine, body)
         except ValueError as exc:
             return openai_error(400, str(exc), "invalid_request_error")
-        encode = engine.segmenter.tokenizer.encode
-        tokens = [t for _stype, text in pieces for t in encode(text)]
         return JSONResponse({"count": len(tokens), "max_model_len": None, "tokens": tokens})
 
     @app.post("/v1/chat/completions")

@@ -13,7 +13,11 @@ Configuration (env; the ``skv proxy`` CLI sets the same fields):
 - ``SKV_UPSTREAM_BASE_URL`` (default ``http://127.0.0.1:8001``)
 - ``SKV_TRACE_OUTPUT_DIR`` (default ``outputs/live_traces``)
 - ``SKV_REDACT_TEXT`` (default true: no prompt or response text is stored)
-- ``SKV_PROXY_TIMEOUT_SECONDS`` (default 120; connect/read/write timeout upstream)
+- upstream timeouts (:class:`skv.services._common.Timeouts`; 504 when one runs out):
+  ``SKV_PROXY_CONNECT_TIMEOUT_SECONDS`` (default 5), ``SKV_PROXY_FIRST_BYTE_TIMEOUT_SECONDS``
+  (default 60: response headers, a non-streaming answer's whole wait, and the longest silence
+  inside a stream), ``SKV_PROXY_TIMEOUT_SECONDS`` (default 600: arrival to last byte)
+- ``SKV_MAX_BODY_BYTES`` (default 4 MiB; larger request bodies get 413)
 
 Headers: ``X-Session-ID`` / ``X-Tenant-ID`` go to the record's ``session_id`` / ``tenant_id``;
 ``X-Request-ID`` names the record (else a fresh id). Records of one session are linked through
@@ -27,12 +31,20 @@ over as the same fraction of the prompt, and ``extra`` keeps the engine's own
 ``status``, ``endpoint``, ``stream``.
 
 Failures: see :mod:`skv.services._common` (502 connect/5xx, 504 timeout, SSE error event for a
-dropped stream). A failed request is still recorded, with ``extra.error = {kind, message,
-status}`` and no TTFT; replays that should only see served requests filter on it.
+dropped stream, 499 ``client_gone``). Every request that was forwarded, or failed while being
+forwarded, is recorded, with ``extra.error = {kind, message, status}`` and no TTFT; replays that
+should only see served requests filter on it. Requests refused before forwarding (400: body,
+headers or prompt unreadable; 413: body too large) are answered, not recorded.
+
+Redaction (``SKV_REDACT_TEXT``, default on): nothing the client sent reaches the trace except its
+identifiers (``X-Request-ID``, ``X-Session-ID``, ``X-Tenant-ID``): segments keep hashes and token
+counts, error messages are the proxy's own words, and an upstream's error body (which may echo
+the prompt) is dropped; unredacted, its first 500 characters are kept in ``extra.error.body``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import logging
@@ -47,6 +59,7 @@ from typing import Any
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
 
 from skv.model import Request as SkvRequest
 from skv.model import content_hash
@@ -54,15 +67,23 @@ from skv.segmenter import Segmenter
 from skv.traces.native import SKV_TRACE_VERSION, _to_record
 
 from ._common import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_FIRST_BYTE_TIMEOUT_S,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_TOTAL_TIMEOUT_S,
     JsonlAppender,
     Outcome,
+    Timeouts,
     UpstreamError,
     add_completion_routes,
+    encode_json,
     env_bool,
     env_float,
     env_str,
     forward_headers,
+    install_body_limit,
     json_object_body,
+    max_body_bytes_from_env,
     open_upstream,
     openai_error,
     relay_response,
@@ -80,7 +101,10 @@ class ProxyConfig:
     upstream_base_url: str = DEFAULT_UPSTREAM
     trace_output_dir: Path = DEFAULT_TRACE_DIR
     redact_text: bool = True
-    timeout_s: float = 120.0
+    timeout_s: float = DEFAULT_TOTAL_TIMEOUT_S  # total: arrival to last byte
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    first_byte_timeout_s: float = DEFAULT_FIRST_BYTE_TIMEOUT_S
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     tokenizer: str | None = None
     trace_name: str | None = None  # file stem; default proxy-<stamp>
     meta: dict[str, Any] = field(default_factory=dict)
@@ -92,9 +116,20 @@ class ProxyConfig:
             or DEFAULT_UPSTREAM,
             trace_output_dir=Path(env_str("SKV_TRACE_OUTPUT_DIR", str(DEFAULT_TRACE_DIR)) or "."),
             redact_text=env_bool("SKV_REDACT_TEXT", True),
-            timeout_s=env_float("SKV_PROXY_TIMEOUT_SECONDS", 120.0),
+            timeout_s=env_float("SKV_PROXY_TIMEOUT_SECONDS", DEFAULT_TOTAL_TIMEOUT_S),
+            connect_timeout_s=env_float(
+                "SKV_PROXY_CONNECT_TIMEOUT_SECONDS", DEFAULT_CONNECT_TIMEOUT_S
+            ),
+            first_byte_timeout_s=env_float(
+                "SKV_PROXY_FIRST_BYTE_TIMEOUT_SECONDS", DEFAULT_FIRST_BYTE_TIMEOUT_S
+            ),
+            max_body_bytes=max_body_bytes_from_env(),
             tokenizer=env_str("SKV_TOKENIZER"),
         )
+
+    @property
+    def timeouts(self) -> Timeouts:
+        return Timeouts(self.connect_timeout_s, self.first_byte_timeout_s, self.timeout_s)
 
     @property
     def trace_path(self) -> Path:
@@ -180,6 +215,8 @@ class TraceWriter:
                 "message": (outcome.error or "")[:500],
                 "status": outcome.status,
             }
+            if outcome.error_body and not self.cfg.redact_text:  # it may echo the prompt
+                extra["error"]["body"] = outcome.error_body
         if not self.cfg.redact_text and answer:
             extra["response_text"] = outcome.content
         with self._lock:
@@ -234,10 +271,11 @@ def create_app(
     config: ProxyConfig | None = None, *, transport: httpx.AsyncBaseTransport | None = None
 ) -> FastAPI:
     cfg = config or ProxyConfig.from_env()
+    timeouts = cfg.timeouts
     segmenter = Segmenter(cfg.tokenizer, redact=cfg.redact_text)
     writer = TraceWriter(cfg, segmenter)
     base = cfg.upstream_base_url.rstrip("/")
-    client = httpx.AsyncClient(timeout=httpx.Timeout(cfg.timeout_s), transport=transport)
+    client = httpx.AsyncClient(timeout=timeouts.client(), transport=transport)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -246,6 +284,7 @@ def create_app(
         writer.out.close()
 
     app = FastAPI(title="skv telemetry proxy", version="1", lifespan=lifespan)
+    install_body_limit(app, cfg.max_body_bytes)
     app.state.config = cfg
     app.state.writer = writer
     app.state.client = client
@@ -260,37 +299,59 @@ def create_app(
         }
 
     async def handle(request: Request, endpoint: str, chat: bool) -> Response:
+        """Check, segment (off the event loop), forward, relay; record once forwarded."""
         start = time.perf_counter()
         arrival = writer.arrival()
         body = await json_object_body(request)
         if isinstance(body, Response):
             return body
         try:
-            segments = segment_body(segmenter, body, chat)
+            headers = forward_headers(request.headers)
+            payload, added_usage = with_usage(body)
+            content = encode_json(payload)
+            segments = await run_in_threadpool(segment_body, segmenter, body, chat)
         except ValueError as exc:
-            return openai_error(400, f"cannot segment the request: {exc}", "invalid_request_error")
+            return openai_error(400, f"cannot forward the request: {exc}", "invalid_request_error")
         rid = request.headers.get("x-request-id") or f"req-{uuid.uuid4().hex[:16]}"
         session = request.headers.get("x-session-id")
         tenant = request.headers.get("x-tenant-id")
-        payload, added_usage = with_usage(body)
         outcome = Outcome(upstream=base)
+        recorded = False
 
-        def done(o: Outcome) -> None:
+        def done(o: Outcome) -> None:  # once per request, however it ends
+            nonlocal recorded
+            if recorded:
+                return
+            recorded = True
             try:
                 writer.record(rid, arrival, segments, session, tenant, endpoint, o)
             except Exception:  # a trace failure must not break serving
                 log.exception("could not record request %s", rid)
 
-        try:
-            resp = await open_upstream(
-                client, base + endpoint, payload, forward_headers(request.headers), outcome
-            )
-        except UpstreamError as err:
-            outcome.status, outcome.error_kind, outcome.error = err.status, err.kind, err.message
+        def fail(status: int, kind: str, message: str, body: str | None = None) -> None:
+            outcome.status, outcome.error_kind, outcome.error = status, kind, message
+            outcome.error_body = body
             outcome.total_ms = (time.perf_counter() - start) * 1e3
             done(outcome)
-            return openai_error(err.status, err.message, err.kind)
-        return await relay_response(resp, outcome, start, done, strip_usage_chunk=added_usage)
+
+        deadline = start + timeouts.total_s
+        try:
+            resp = await open_upstream(
+                client, base + endpoint, content, headers, outcome, timeouts, deadline
+            )
+            return await relay_response(
+                resp, outcome, start, done, deadline=deadline, strip_usage_chunk=added_usage
+            )
+        except UpstreamError as err:
+            fail(err.status, err.kind, err.message, err.body)
+            return openai_error(err.status, err.client_message, err.kind)
+        except asyncio.CancelledError:
+            fail(499, "client_gone", "cancelled while waiting for the upstream")
+            raise
+        except Exception as exc:  # a bug: recorded, logged, answered
+            log.exception("request %s: forwarding failed", rid)
+            fail(500, "proxy_error", f"forwarding failed: {type(exc).__name__}")
+            return openai_error(500, "the proxy failed to forward the request", "proxy_error")
 
     add_completion_routes(app, handle)
 

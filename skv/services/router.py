@@ -32,14 +32,23 @@ loaded).
 
 Failover: a connection error, timeout or 5xx *before any byte reached the client* makes the
 router try the next candidate (every replica at most once); a replica that failed is tried last
-for ``cooldown_s``. Every decision is one JSONL line in ``SKV_ROUTING_OUTPUT_DIR``
+for ``cooldown_s``. A 4xx answer is the client's doing: passed on, the replica stays healthy.
+Every decision is one JSONL line in ``SKV_ROUTING_OUTPUT_DIR``
 (``outputs/routing/routing-<stamp>.jsonl``): chosen replica, scores, in-flight counts, attempts.
+
+Invariant: a replica's in-flight count goes up once per attempt and down exactly once, however
+the attempt ends (answered, failed over, client gone, cancelled, a bug): ``Dispatcher.attempt``
+releases it in ``finally`` unless the relay's completion callback has taken it over.
 
 ``GET /metrics``: Prometheus text format: requests routed per replica (labelled with the policy),
 failed attempts per replica, failovers, requests every replica failed, in-flight per replica.
 
 Env: ``SKV_REPLICAS`` (comma-separated base URLs), ``SKV_ROUTING_POLICY`` (default
-``round_robin``), ``SKV_ROUTING_OUTPUT_DIR``, ``SKV_ROUTER_TIMEOUT_SECONDS`` (default 120),
+``round_robin``), ``SKV_ROUTING_OUTPUT_DIR``, upstream timeouts per attempt
+(:class:`skv.services._common.Timeouts`) ``SKV_ROUTER_CONNECT_TIMEOUT_SECONDS`` (default 5),
+``SKV_ROUTER_FIRST_BYTE_TIMEOUT_SECONDS`` (default 60) and ``SKV_ROUTER_TIMEOUT_SECONDS``
+(total, arrival to last byte, all attempts together; default 600), ``SKV_MAX_BODY_BYTES``
+(request bodies over it get 413; default 4 MiB),
 ``SKV_ROUTER_CACHE_TOKENS`` (approximate cache per replica, default 50000), ``SKV_KV_EVENTS``
 (``precise``: comma-separated ZMQ endpoints, e.g. ``ipc:///tmp/r0.sock``), ``SKV_KV_EVENTS_TOPIC``
 (default ``kv-events``), ``SKV_KV_BLOCK_SIZE`` (block size until the events report it).
@@ -47,6 +56,7 @@ Env: ``SKV_REPLICAS`` (comma-separated base URLs), ``SKV_ROUTING_POLICY`` (defau
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import threading
@@ -60,6 +70,7 @@ from typing import Any
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from skv.blocks import DEFAULT_BLOCK_SIZE, RequestBlocks, request_blocks
 from skv.model import Request as SkvRequest
@@ -69,14 +80,22 @@ from skv.routing.semantic_locality import SEMANTIC_WEIGHTS
 from skv.segmenter import Segmenter
 
 from ._common import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_FIRST_BYTE_TIMEOUT_S,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_TOTAL_TIMEOUT_S,
     JsonlAppender,
     Outcome,
+    Timeouts,
     UpstreamError,
     add_completion_routes,
+    encode_json,
     env_float,
     env_str,
     forward_headers,
+    install_body_limit,
     json_object_body,
+    max_body_bytes_from_env,
     open_upstream,
     openai_error,
     relay_response,
@@ -96,7 +115,10 @@ class RouterConfig:
     replicas: list[str] = field(default_factory=list)
     policy: str = "round_robin"
     routing_output_dir: Path | None = DEFAULT_ROUTING_DIR  # None: no decision log
-    timeout_s: float = 120.0
+    timeout_s: float = DEFAULT_TOTAL_TIMEOUT_S  # total: arrival to last byte
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    first_byte_timeout_s: float = DEFAULT_FIRST_BYTE_TIMEOUT_S
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     cache_tokens: int = 50_000
     block_size: int = DEFAULT_BLOCK_SIZE
     max_imbalance: int = 8
@@ -121,6 +143,11 @@ class RouterConfig:
                 f"policy precise needs one KV-event endpoint per replica (SKV_KV_EVENTS): "
                 f"{len(self.kv_events)} endpoints for {len(self.replicas)} replicas"
             )
+        self.timeouts  # noqa: B018  (checks them)
+
+    @property
+    def timeouts(self) -> Timeouts:
+        return Timeouts(self.connect_timeout_s, self.first_byte_timeout_s, self.timeout_s)
 
     @classmethod
     def from_env(cls) -> RouterConfig:
@@ -129,7 +156,14 @@ class RouterConfig:
             replicas=(env_str("SKV_REPLICAS", "") or "").split(","),
             policy=env_str("SKV_ROUTING_POLICY", "round_robin") or "round_robin",
             routing_output_dir=Path(out) if out else None,
-            timeout_s=env_float("SKV_ROUTER_TIMEOUT_SECONDS", 120.0),
+            timeout_s=env_float("SKV_ROUTER_TIMEOUT_SECONDS", DEFAULT_TOTAL_TIMEOUT_S),
+            connect_timeout_s=env_float(
+                "SKV_ROUTER_CONNECT_TIMEOUT_SECONDS", DEFAULT_CONNECT_TIMEOUT_S
+            ),
+            first_byte_timeout_s=env_float(
+                "SKV_ROUTER_FIRST_BYTE_TIMEOUT_SECONDS", DEFAULT_FIRST_BYTE_TIMEOUT_S
+            ),
+            max_body_bytes=max_body_bytes_from_env(),
             cache_tokens=int(env_float("SKV_ROUTER_CACHE_TOKENS", 50_000)),
             tokenizer=env_str("SKV_TOKENIZER"),
             kv_events=(env_str("SKV_KV_EVENTS", "") or "").split(","),
@@ -230,6 +264,12 @@ class RouterState:
             else:
                 self.failures[i] += 1
                 self.down_until[i] = time.monotonic() + self.cfg.cooldown_s
+
+    def release(self, i: int) -> None:
+        """Free replica ``i``'s in-flight slot with no verdict on the replica (the attempt was
+        abandoned: client gone, cancelled, a router bug)."""
+        with self._lock:
+            self.in_flight[i] = max(0, self.in_flight[i] - 1)
 
     def record_failover(self) -> None:
         with self._lock:
@@ -351,8 +391,11 @@ async def engine_tokens(
         if resp.status_code != 200:
             why = f"{url}/tokenize: HTTP {resp.status_code}"
             continue
-        tokens = resp.json().get("tokens")
-        if isinstance(tokens, list):
+        try:
+            tokens = resp.json().get("tokens")
+        except (ValueError, AttributeError):  # not JSON, or not an object
+            tokens = None
+        if isinstance(tokens, list) and all(type(t) is int for t in tokens):
             return tokens, None
         why = f"{url}/tokenize: no 'tokens' in the answer"
     return None, why
@@ -404,6 +447,204 @@ def record_decision(
             log.exception("cannot write routing decision")
 
 
+@dataclass
+class _Call:
+    """One client request on its way through the router."""
+
+    endpoint: str
+    content: bytes  # the body as forwarded
+    headers: dict[str, str]
+    rb: RequestBlocks
+    start: float  # time.perf_counter() at arrival
+    deadline: float  # same clock: the last byte, all attempts together
+    decision: dict[str, Any]  # the decision-log line, completed when the request ends
+    logged: bool = False  # one line per request, however it ends
+
+    @property
+    def attempts(self) -> list[dict[str, Any]]:
+        return self.decision["attempts"]
+
+
+class Dispatcher:
+    """The router's request path, in named steps: :meth:`blocks` (segment, in a worker
+    thread), :meth:`rank` (health ordering), :meth:`attempt` (forward to one replica),
+    :meth:`attempt_failed` (failover bookkeeping), :meth:`give_up` (every replica failed),
+    :meth:`done` (an answer ended); :meth:`handle` strings them together. The decision log gets
+    one line per request (:meth:`log`)."""
+
+    def __init__(
+        self,
+        cfg: RouterConfig,
+        state: RouterState,
+        client: httpx.AsyncClient,
+        log_out: JsonlAppender | None,
+    ) -> None:
+        self.cfg, self.state, self.client, self.log_out = cfg, state, client, log_out
+        self.timeouts = cfg.timeouts
+        self.segmenter = Segmenter(cfg.tokenizer, redact=True)
+
+    def blocks(self, body: dict[str, Any], chat: bool, session: str | None) -> RequestBlocks:
+        """The request's prefix-keyed blocks (CPU work: called in a worker thread)."""
+        segments = request_segments(self.segmenter, body, chat, self.cfg.block_size)
+        return self.state.blocks(segments, session)
+
+    async def rank(
+        self, body: dict[str, Any], chat: bool, rb: RequestBlocks
+    ) -> tuple[list[int], list[float] | None, str, dict[str, Any]]:
+        """Health ordering: the replicas to try, best first (healthy before those cooling down),
+        the scores, why the first; ``precise`` first asks a replica's ``/tokenize`` (healthy
+        first) for the prompt's token ids and reports that step."""
+        tokens: list[int] | None = None
+        precise: dict[str, Any] = {}
+        if self.state.index is not None:
+            t0 = time.perf_counter()
+            urls = [self.cfg.replicas[i] for i in self.state.healthy_first()]
+            tokens, why = await engine_tokens(self.client, urls, body, chat)
+            precise = {"engine_tokens": len(tokens) if tokens is not None else None,
+                       "tokenize_ms": round((time.perf_counter() - t0) * 1e3, 3)}  # fmt: skip
+            if why:
+                precise["tokenize_error"] = why
+        order, scores, reason = self.state.candidates(rb, tokens)
+        return order, scores, reason, precise
+
+    def log(self, call: _Call, chosen: int | None, outcome: Outcome | None) -> None:
+        if not call.logged:
+            call.logged = True
+            record_decision(call.decision, self.cfg.replicas, chosen, outcome, self.log_out)
+
+    def new_decision(
+        self,
+        request: Request,
+        endpoint: str,
+        rb: RequestBlocks,
+        ranking: tuple[list[int], list[float] | None, str, dict[str, Any]],
+    ) -> dict[str, Any]:
+        """The decision-log line as routing starts (outcome fields come at the end)."""
+        _order, scores, reason, precise = ranking
+        return {
+            "ts": round(time.time(), 3),
+            "request_id": request.headers.get("x-request-id") or f"req-{uuid.uuid4().hex[:16]}",
+            "session_id": request.headers.get("x-session-id"),
+            "tenant_id": request.headers.get("x-tenant-id"),
+            "endpoint": endpoint,
+            "policy": self.cfg.policy,
+            "reason": reason,
+            "prompt_tokens": rb.prompt_tokens,
+            "num_blocks": rb.num_blocks,
+            "scores": scores,
+            **precise,
+            "in_flight": list(self.state.in_flight),
+            "attempts": [],
+        }
+
+    def done(self, call: _Call, i: int, o: Outcome) -> None:
+        """An answer from replica ``i`` ended (relay callback, exactly once): free its slot;
+        a prefilled prompt (served, dropped stream, client gone) updates its approximate cache;
+        a 4xx is the client's doing; anything else counts against the replica."""
+        if o.error_kind in (None, "dropped_stream", "client_gone"):
+            self.state.finish(i, call.rb, ok=True)
+        elif o.upstream_status is not None and o.upstream_status < 500 and o.status < 500:
+            self.state.finish(i, None, ok=True)
+        else:
+            self.state.finish(i, None, ok=False)
+        self.log(call, i, o)
+
+    async def attempt(self, call: _Call, i: int) -> Response | UpstreamError:
+        """Forward one attempt to replica ``i``: the client's response, or the error to fail
+        over on. The replica's in-flight slot is released exactly once (see the invariant)."""
+        url = self.cfg.replicas[i]
+        outcome = Outcome(upstream=url)
+        released = handed_off = False
+
+        def release(o: Outcome | None) -> None:
+            nonlocal released
+            if released:
+                return
+            released = True
+            if o is None:
+                self.state.release(i)
+            else:
+                self.done(call, i, o)
+
+        self.state.start(i)
+        try:
+            try:
+                resp = await open_upstream(
+                    self.client, url + call.endpoint, call.content, call.headers, outcome,
+                    self.timeouts, call.deadline,
+                )  # fmt: skip
+            except UpstreamError as err:
+                released = True
+                self.state.finish(i, None, ok=False)
+                return err
+            call.attempts.append({"replica": i, "status": resp.status_code})
+            response = await relay_response(
+                resp, outcome, call.start, release, deadline=call.deadline
+            )
+            handed_off = True  # the relay calls release() when the answer ends
+            return response
+        finally:
+            if not handed_off:  # failed after routing (client gone, a bug): free the slot
+                release(None)
+
+    def attempt_failed(self, call: _Call, i: int, err: UpstreamError, more: bool) -> None:
+        """Failover bookkeeping after replica ``i`` failed (its slot is already released)."""
+        call.attempts.append({"replica": i, "error": err.kind, "status": err.upstream_status})
+        if more:
+            self.state.record_failover()
+
+    def give_up(self, call: _Call, last: UpstreamError, tried: int) -> Response:
+        """Every candidate failed: log it, count it, answer the last error."""
+        fail = Outcome(status=last.status, error_kind=last.kind, error=last.message)
+        fail.total_ms = (time.perf_counter() - call.start) * 1e3
+        self.log(call, None, fail)
+        self.state.record_error()
+        message = f"all {tried} replicas failed; last: {last.client_message}"
+        return openai_error(last.status, message, last.kind)
+
+    def abandoned(self, call: _Call, i: int, status: int, kind: str) -> None:
+        """An attempt ended by no answer (client gone, a bug): logged as such."""
+        o = Outcome(status=status, error_kind=kind, upstream=self.cfg.replicas[i])
+        o.total_ms = (time.perf_counter() - call.start) * 1e3
+        self.log(call, i, o)
+
+    async def handle(self, request: Request, endpoint: str, chat: bool) -> Response:
+        """Check and segment the request, rank the replicas, try them in order."""
+        start = time.perf_counter()
+        body = await json_object_body(request)
+        if isinstance(body, Response):
+            return body
+        session = request.headers.get("x-session-id")
+        try:
+            headers = forward_headers(request.headers)
+            content = encode_json(body)
+            rb = await run_in_threadpool(self.blocks, body, chat, session)
+        except ValueError as exc:
+            return openai_error(400, f"cannot route the request: {exc}", "invalid_request_error")
+        ranking = await self.rank(body, chat, rb)
+        order = ranking[0]
+        decision = self.new_decision(request, endpoint, rb, ranking)
+        deadline = start + self.timeouts.total_s
+        call = _Call(endpoint, content, headers, rb, start, deadline, decision)
+        last: UpstreamError | None = None
+        for k, i in enumerate(order):
+            try:
+                result = await self.attempt(call, i)
+            except asyncio.CancelledError:
+                self.abandoned(call, i, 499, "client_gone")
+                raise
+            except Exception:  # a bug: logged, answered, the slot already released
+                log.exception("request %s: routing to replica %d failed", decision["request_id"], i)
+                self.abandoned(call, i, 500, "router_error")
+                return openai_error(500, "the router failed to forward the request", "router_error")
+            if not isinstance(result, UpstreamError):
+                return result
+            last = result
+            self.attempt_failed(call, i, result, more=k + 1 < len(order))
+        assert last is not None
+        return self.give_up(call, last, len(order))
+
+
 def create_app(
     config: RouterConfig | None = None,
     *,
@@ -413,16 +654,16 @@ def create_app(
     """``mounts``: URL prefix -> transport (e.g. ``httpx.ASGITransport`` of in-process replicas)."""
     cfg = config or RouterConfig.from_env()
     state = RouterState(cfg)
-    segmenter = Segmenter(cfg.tokenizer, redact=True)
     log_out = (
         JsonlAppender(cfg.routing_output_dir / f"routing-{run_stamp()}.jsonl")
         if cfg.routing_output_dir is not None
         else None
     )
     client = httpx.AsyncClient(
-        timeout=httpx.Timeout(cfg.timeout_s), transport=transport, mounts=dict(mounts or {}) or None
+        timeout=cfg.timeouts.client(), transport=transport, mounts=dict(mounts or {}) or None
     )
     subscribers = start_kv_subscribers(cfg, state)
+    dispatcher = Dispatcher(cfg, state, client, log_out)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -434,6 +675,7 @@ def create_app(
             log_out.close()
 
     app = FastAPI(title="skv cache-locality router", version="1", lifespan=lifespan)
+    install_body_limit(app, cfg.max_body_bytes)
     app.state.router = state
     app.state.client = client
     app.state.decisions = log_out
@@ -451,82 +693,7 @@ def create_app(
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(state.metrics_text(), media_type="text/plain; version=0.0.4")
 
-    async def handle(request: Request, endpoint: str, chat: bool) -> Response:
-        start = time.perf_counter()
-        body = await json_object_body(request)
-        if isinstance(body, Response):
-            return body
-        try:
-            segments = request_segments(segmenter, body, chat, cfg.block_size)
-        except ValueError as exc:
-            return openai_error(400, f"cannot segment the request: {exc}", "invalid_request_error")
-        rid = request.headers.get("x-request-id") or f"req-{uuid.uuid4().hex[:16]}"
-        session = request.headers.get("x-session-id")
-        rb = state.blocks(segments, session)
-        tokens: list[int] | None = None
-        precise: dict[str, Any] = {}
-        if state.index is not None:
-            t0 = time.perf_counter()
-            urls = [cfg.replicas[i] for i in state.healthy_first()]
-            tokens, why = await engine_tokens(client, urls, body, chat)
-            precise = {"engine_tokens": len(tokens) if tokens is not None else None,
-                       "tokenize_ms": round((time.perf_counter() - t0) * 1e3, 3)}  # fmt: skip
-            if why:
-                precise["tokenize_error"] = why
-        order, scores, reason = state.candidates(rb, tokens)
-        headers = forward_headers(request.headers)
-        attempts: list[dict[str, Any]] = []
-        decision: dict[str, Any] = {
-            "ts": round(time.time(), 3),
-            "request_id": rid,
-            "session_id": session,
-            "tenant_id": request.headers.get("x-tenant-id"),
-            "endpoint": endpoint,
-            "policy": cfg.policy,
-            "reason": reason,
-            "prompt_tokens": rb.prompt_tokens,
-            "num_blocks": rb.num_blocks,
-            "scores": scores,
-            **precise,
-            "in_flight": list(state.in_flight),
-            "attempts": attempts,
-        }
-
-        def log_decision(chosen: int | None, outcome: Outcome | None) -> None:
-            record_decision(decision, cfg.replicas, chosen, outcome, log_out)
-
-        last: UpstreamError | None = None
-        for k, i in enumerate(order):
-            url = cfg.replicas[i]
-            outcome = Outcome(upstream=url)
-            state.start(i)
-            try:
-                resp = await open_upstream(client, url + endpoint, body, headers, outcome)
-            except UpstreamError as err:
-                state.finish(i, None, ok=False)
-                attempts.append({"replica": i, "error": err.kind, "status": err.upstream_status})
-                last = err
-                if k + 1 < len(order):
-                    state.record_failover()
-                continue
-            attempts.append({"replica": i, "status": resp.status_code})
-
-            def done(o: Outcome, i: int = i) -> None:
-                # a dropped stream still prefilled the prompt there: the cache state is updated
-                state.finish(i, rb, ok=o.error_kind is None or o.error_kind == "dropped_stream")
-                log_decision(i, o)
-
-            return await relay_response(resp, outcome, start, done)
-        assert last is not None
-        fail = Outcome(status=last.status, error_kind=last.kind, error=last.message)
-        fail.total_ms = (time.perf_counter() - start) * 1e3
-        log_decision(None, fail)
-        state.record_error()
-        return openai_error(
-            last.status, f"all {len(order)} replicas failed; last: {last.message}", last.kind
-        )
-
-    add_completion_routes(app, handle)
+    add_completion_routes(app, dispatcher.handle)
 
     return app
 

@@ -7,8 +7,12 @@ ESTIMATED TTFT from the latency model (no engine runs; the cache holds metadata,
 tensors). The cache persists across calls (``POST /v1/simulate/reset`` empties it;
 ``GET /v1/simulate/stats`` shows totals).
 
+``request_id``, ``session_id`` and ``tenant_id`` are strings (or absent/null); anything else,
+and any body the segmenter cannot read, is a 400. Bodies over ``max_body_bytes`` get 413 (see
+:mod:`skv.services._common`). Simulation runs off the event loop, one request at a time.
+
 Env: ``SKV_SIM_POLICY`` (default ``lru``), ``SKV_SIM_CACHE_TOKENS`` (default 20000),
-``SKV_SIM_LATENCY`` (default ``linear``).
+``SKV_SIM_LATENCY`` (default ``linear``), ``SKV_MAX_BODY_BYTES`` (default 4 MiB).
 """
 
 from __future__ import annotations
@@ -20,13 +24,22 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from skv.blocks import DEFAULT_BLOCK_SIZE, request_blocks
 from skv.latency import make_latency_model
 from skv.model import TYPES, SemanticType
 from skv.model import Request as SkvRequest
 
-from ._common import env_float, env_str, json_object_body, openai_error
+from ._common import (
+    DEFAULT_MAX_BODY_BYTES,
+    env_float,
+    env_str,
+    install_body_limit,
+    json_object_body,
+    max_body_bytes_from_env,
+    openai_error,
+)
 from .proxy import segment_body
 
 
@@ -37,6 +50,7 @@ class SimConfig:
     block_size: int = DEFAULT_BLOCK_SIZE
     latency: str = "linear"
     tokenizer: str | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
     @classmethod
     def from_env(cls) -> SimConfig:
@@ -45,7 +59,15 @@ class SimConfig:
             cache_tokens=int(env_float("SKV_SIM_CACHE_TOKENS", 20_000)),
             latency=env_str("SKV_SIM_LATENCY", "linear") or "linear",
             tokenizer=env_str("SKV_TOKENIZER"),
+            max_body_bytes=max_body_bytes_from_env(),
         )
+
+
+def _optional_str(body: dict[str, Any], key: str) -> str | None:
+    value = body.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"'{key}' must be a string, got {type(value).__name__}")
+    return value
 
 
 class Simulator:
@@ -65,26 +87,22 @@ class Simulator:
     def reset(self) -> None:
         from skv.policies.registry import make_cache
 
-        self.cache = make_cache(
-            self.cfg.policy, max(1, self.cfg.cache_tokens // self.cfg.block_size)
-        )
-        self.requests = 0
-        self.prompt_tokens = 0
-        self.hit_tokens = 0
+        cache = make_cache(self.cfg.policy, max(1, self.cfg.cache_tokens // self.cfg.block_size))
+        with self._lock:
+            self.cache = cache
+            self.requests = 0
+            self.prompt_tokens = 0
+            self.hit_tokens = 0
 
     def simulate(self, body: dict[str, Any]) -> dict[str, Any]:
+        """One request against the cache (ValueError: a body it cannot read). Thread-safe."""
         chat = "messages" in body
+        rid = _optional_str(body, "request_id") or f"sim-{uuid.uuid4().hex[:12]}"
+        session, tenant = _optional_str(body, "session_id"), _optional_str(body, "tenant_id")
         segments = segment_body(self.segmenter, body, chat)
-        rid = str(body.get("request_id") or f"sim-{uuid.uuid4().hex[:12]}")
         with self._lock:
             idx = self.requests
-            req = SkvRequest(
-                rid,
-                float(idx),
-                segments,
-                session_id=body.get("session_id"),
-                tenant_id=body.get("tenant_id"),
-            )
+            req = SkvRequest(rid, float(idx), segments, session_id=session, tenant_id=tenant)
             rb = request_blocks(req, self.cfg.block_size, "prefix", index=idx)
             lease = self.cache.access(rb, float(idx))
             self.requests += 1
@@ -104,7 +122,7 @@ class Simulator:
             agg["hit_tokens"] += rb.tokens[i] if is_hit else 0
         return {
             "request_id": rid,
-            "session_id": body.get("session_id"),
+            "session_id": session,
             "prompt_tokens": prompt,
             "num_blocks": rb.num_blocks,
             "hit_blocks": int(lease.hit_blocks),
@@ -128,19 +146,21 @@ class Simulator:
         }
 
     def stats(self) -> dict[str, Any]:
-        return {
-            "requests": self.requests,
-            "prompt_tokens": self.prompt_tokens,
-            "hit_tokens": self.hit_tokens,
-            "hit_rate": self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
-            "cached_blocks": len(self.cache),
-            "policy": self.cfg.policy,
-        }
+        with self._lock:
+            return {
+                "requests": self.requests,
+                "prompt_tokens": self.prompt_tokens,
+                "hit_tokens": self.hit_tokens,
+                "hit_rate": self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
+                "cached_blocks": len(self.cache),
+                "policy": self.cfg.policy,
+            }
 
 
 def create_app(config: SimConfig | None = None) -> FastAPI:
     sim = Simulator(config or SimConfig.from_env())
     app = FastAPI(title="skv simulation API", version="1")
+    install_body_limit(app, sim.cfg.max_body_bytes)
     app.state.sim = sim
 
     @app.get("/health")
@@ -153,13 +173,13 @@ def create_app(config: SimConfig | None = None) -> FastAPI:
         if isinstance(body, Response):
             return body
         try:
-            return JSONResponse(sim.simulate(body))
+            return JSONResponse(await run_in_threadpool(sim.simulate, body))
         except ValueError as exc:
             return openai_error(400, str(exc), "invalid_request_error")
 
     @app.post("/v1/simulate/reset")
     async def reset() -> dict[str, Any]:
-        sim.reset()
+        await run_in_threadpool(sim.reset)
         return {"status": "reset"}
 
     @app.get("/v1/simulate/stats")

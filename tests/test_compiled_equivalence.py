@@ -85,3 +85,109 @@ def test_pure_python_fallback_matches_the_compiled_hot_path(tmp_path):
     fallback = json.loads(out.stdout)
     assert fallback == _rows_here(trace_path, policies)
     assert any(r["evictions"] for r in fallback)  # the comparison exercised eviction
+
+
+# saecache reads what the tree trace above lacks (sessions, tool and template segments, output
+# blocks, in-flight requests), so its compiled and pure runs are also compared on a trace that
+# exercises every queue, the log-normal timing and every learner, down to the last bit of every
+# logged parameter (json keeps floats exactly).
+SAECACHE_RUN = """
+import json, random
+from skv.blocks import RequestBlocks
+from skv.model import TYPE_INDEX, SemanticType as ST
+from skv.policies.registry import make_cache
+
+LABELS = [ST.SYSTEM, ST.TEMPLATE, ST.USER_QUERY, ST.TOOL_OUTPUT, ST.TOOL_SCHEMA,
+          ST.ASSISTANT_HISTORY, ST.RETRIEVED_CONTEXT, ST.REASONING, ST.OUTPUT]
+
+
+def trace(seed, n=700):
+    rng = random.Random(seed)
+    ids, history, out, t = {}, {}, [], 0.0
+    for i in range(n):
+        t += rng.choice((0.0, 0.0, 0.3, 1.0, 2.0, 7.0, 30.0, 120.0))
+        r = rng.random()
+        session, templated = None, False
+        if r < 0.45:
+            s = rng.randrange(10)
+            session = f"s{s}"
+            labels = list(history.get(session, [rng.choice((0, 1))]))
+            for _ in range(rng.randint(1, 3)):
+                labels.append(rng.choice((2, 5, 7, 3, 4) if s < 4 else (2, 5, 7)))
+            if rng.random() < 0.4:
+                labels.append(8)
+            history[session] = labels
+        elif r < 0.75:
+            templated = True
+            labels = [1, rng.choice((1, 6)), *[rng.choice((2, 6, 4)) for _ in range(4)]]
+            labels = labels[: rng.randint(1, 6)]
+        else:
+            labels = [0, *[rng.choice((2, 6, 7, 8)) for _ in range(rng.randint(0, 4))]]
+        keys, parent = [], None
+        for lab in labels:
+            keys.append(ids.setdefault((parent, lab), len(ids) + 1))
+            parent = keys[-1]
+        k = len(keys)
+        stypes = [TYPE_INDEX[LABELS[lab]] for lab in labels]
+        out.append(RequestBlocks(i, t, keys, [None, *keys[:-1]], [4] * k, stypes, [4 * k] * k,
+                                 session, 0, templated, 4))
+    return out
+
+
+def run():
+    fast = {"update_every": 5, "min_gap_samples": 3, "gap_window": 20,
+            "min_gamma_samples": 3, "gamma_window": 15}
+    configs = [
+        ("saecache", fast),
+        ("saecache", {**fast, "position_levels": 3, "promote_hits": 2}),
+        ("saecache", {}),
+        ("saecache_fixed", {"gamma": 0.6, "mu": {"chat": 1.0, "agentic": 3.0}, "sigma": 0.4}),
+    ]
+    rows = []
+    for seed, (name, params) in enumerate(configs):
+        cache = make_cache(name, 30, params, record_evictions=True)
+        rng = random.Random(seed)
+        held, series = [], []
+        for rb in trace(seed):
+            held.append(cache.acquire(rb, rb.arrival_s))
+            while len(held) > 3 or (held and rng.random() < 0.5):
+                cache.release(held.pop(rng.randrange(len(held))), rb.arrival_s)
+            if rb.index % 20 == 0:
+                series.append(cache.policy.metrics())
+        rows.append({"evictions": cache.eviction_log, "metrics": series,
+                     "hit": cache.stats.block_hit_rate})
+    return rows
+"""
+
+
+def test_saecache_pure_python_fallback_is_bit_identical_on_every_queue(tmp_path):
+    copy = tmp_path / "src"
+    shutil.copytree(
+        ROOT / "skv",
+        copy / "skv",
+        ignore=shutil.ignore_patterns("*.so", "*.c", "*.pyd", "__pycache__"),
+    )
+    script = (
+        "from skv._build import build_status\n"
+        'assert set(build_status().values()) == {"python"}, build_status()\n'
+        + SAECACHE_RUN
+        + "print(json.dumps(run()))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "PYTHONPATH": str(copy)},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    namespace: dict = {}
+    exec(SAECACHE_RUN, namespace)
+    here = json.dumps(namespace["run"]())
+    assert out.stdout.strip() == here
+    rows = json.loads(here)
+    assert all(len(r["evictions"]) > 200 for r in rows)
+    last = rows[0]["metrics"][-1]  # the learners moved every parameter
+    assert last["alpha_updates"] > 10 and last["weight_updates"] > 10
+    assert last["gap_samples_chat"] >= 3 and last["gap_samples_agentic"] >= 3
+    assert last["mu_chat"] != 2.28 and last["mu_agentic"] != 2.28 and last["gamma"] != 1.0

@@ -40,6 +40,7 @@ from skv.policies.saecache import (
     CHAT,
     EVICT_FIRST,
     STRUCTURAL,
+    LogWindow,
     SAECache,
     SAECacheFixed,
     request_queue,
@@ -296,6 +297,36 @@ def test_inter_turn_gap_fit_equals_scipy_lognorm_fit_on_the_same_window():
             assert m[f"mu_{name}"] == pytest.approx(math.log(scale), rel=1e-9, abs=1e-12)
             assert m[f"sigma_{name}"] == pytest.approx(shape, rel=1e-9)
     assert min(len(g) for g in gaps.values()) > window + 20  # the window slid
+
+
+def test_the_fit_windows_resum_exactly_as_math_fsum():
+    """Every ``size`` samples a window's running sums are replaced by the exact sums of its
+    samples and of their squares: compiled, CPython's fsum algorithm on C doubles, which must
+    equal ``math.fsum`` bit for bit (cancellations, mixed magnitudes, half-way roundings)."""
+    rng = random.Random(11)
+    tricky = (1.0, 1e16, -1e16, 1e-16, 3.0, 2.0**-53, -(2.0**-53), 1e100, -1e100)
+    kinds = [
+        lambda: rng.gauss(0.0, 1.0),
+        lambda: rng.uniform(-1, 1) * 10.0 ** rng.randint(-20, 20),
+        lambda: rng.uniform(-1, 1) * 10.0 ** rng.randint(-150, 150),
+        lambda: rng.choice(tricky),
+        lambda: math.log(rng.lognormvariate(0.0, 3.0)),
+    ]
+    resums = 0
+    for trial in range(300):
+        size = rng.choice((1, 2, 3, 7, 64, 333))
+        draw = kinds[trial % len(kinds)]
+        values = [draw() for _ in range(size * rng.randint(1, 3))]
+        win = LogWindow(size)
+        for k, x in enumerate(values):
+            win.push(x)
+            assert len(win) == min(k + 1, size)
+            if (k + 1) % size == 0:
+                window = values[k + 1 - size : k + 1]
+                assert win.s1 == math.fsum(window)
+                assert win.s2 == math.fsum([v * v for v in window])
+                resums += 1
+    assert resums > 500
 
 
 def test_gap_samples_skip_the_same_request_seen_again_and_zero_gaps():

@@ -88,19 +88,32 @@ release, voids its entry and gets a new one); the victim is the minimum over gro
 release. Learning never re-keys anything. Cost per eviction: one heap pop (amortised
 O(log n), stale entries included) plus O(non-empty groups), at most ``3 T + T R`` (T = 12 types),
 a few in practice; heaps are compacted when stale entries outnumber live ones.
+
+Speed. Compiled (``saecache.pxd``, see ``skv/_build.py``), the hooks are C calls. Each group
+is a ``Group`` record (queue, type, level, heap) holding two cached values, each recomputed
+from the same expression whenever an input differs, so keys and victims are the same in both
+modes, bit for bit (``tests/test_compiled_equivalence.py``): the group's constant ``log alpha_q +
+log w_type (+ log p)`` (until the weights or ``gamma`` change) and the key of its top entry (a
+function of that constant, ``t_b``, ``now``, ``dt_epsilon``, ``mu_q`` and ``sigma_q`` only: an
+eviction recomputes the popped group's key, not every group's). The fit windows are rings of C
+doubles whose periodic exact re-sum is, compiled, ``math.fsum``'s algorithm in C (``_fsum``).
+``compact_slack`` is read when the policy is made.
 """
 
 from __future__ import annotations
 
+import array
 import math
-from collections import deque
 from typing import Any, ClassVar
+
+import cython
+from cython.cimports.libc.math import erfc, fabs, isfinite, log, log1p, pow, sqrt  # C math
 
 from skv.blocks import RequestBlocks
 from skv.cache.block import Block, GhostEntry
 from skv.model import NUM_TYPES, TYPE_INDEX, TYPES, SemanticType
 from skv.policies.adaptive_semantic import AdaptiveSemantic
-from skv.policies.base import KeyHeap, Policy
+from skv.policies.base import HeapEntry, KeyHeap, Policy
 from skv.policies.static_semantic import resolve_weights
 
 # queue ids: the non-Structural queues' groups are ``q * NUM_TYPES + type``
@@ -117,76 +130,189 @@ DEFAULT_ALPHA: dict[str, float] = {
     "structural": 1.0,
 }
 
-_OUTPUT = TYPE_INDEX[SemanticType.OUTPUT]
-_HISTORY = TYPE_INDEX[SemanticType.ASSISTANT_HISTORY]
-_TOOL_TYPES = frozenset(
-    {TYPE_INDEX[SemanticType.TOOL_SCHEMA], TYPE_INDEX[SemanticType.TOOL_OUTPUT]}
-)
-_SQRT2 = math.sqrt(2.0)
-_HALF_LOG_PI = 0.5 * math.log(math.pi)
-_LOG_HALF = math.log(0.5)
+# C constants of the hot path when compiled (plain module globals otherwise)
+_EF = cython.declare(cython.int, EVICT_FIRST)
+_CHAT = cython.declare(cython.int, CHAT)
+_AGENTIC = cython.declare(cython.int, AGENTIC)
+_STRUCT = cython.declare(cython.int, STRUCTURAL)
+_T = cython.declare(cython.Py_ssize_t, NUM_TYPES)
+_OUTPUT = cython.declare(cython.Py_ssize_t, TYPE_INDEX[SemanticType.OUTPUT])
+_HISTORY = cython.declare(cython.Py_ssize_t, TYPE_INDEX[SemanticType.ASSISTANT_HISTORY])
+_TOOL_SCHEMA = cython.declare(cython.Py_ssize_t, TYPE_INDEX[SemanticType.TOOL_SCHEMA])
+_TOOL_OUTPUT = cython.declare(cython.Py_ssize_t, TYPE_INDEX[SemanticType.TOOL_OUTPUT])
+_SQRT2 = cython.declare(cython.double, math.sqrt(2.0))
+_HALF_LOG_PI = cython.declare(cython.double, 0.5 * math.log(math.pi))
+_LOG_HALF = cython.declare(cython.double, math.log(0.5))
+_NUM_PARTIALS = cython.declare(cython.Py_ssize_t, 64)  # more than doubles can need (~40)
 
 
-def request_queue(rb: RequestBlocks) -> int:
+def request_queue(rb: RequestBlocks) -> cython.int:
     """The queue of a request's prefill blocks (rules 2-5 of the module docstring, before
     promotion): ``EVICT_FIRST`` for untemplated single-turn requests."""
-    stypes = rb.stypes
-    if rb.session is not None or _HISTORY in stypes:
-        return CHAT if _TOOL_TYPES.isdisjoint(stypes) else AGENTIC
-    return STRUCTURAL if rb.templated else EVICT_FIRST
+    history: cython.bint = False
+    tools: cython.bint = False
+    t: cython.Py_ssize_t
+    for x in rb.stypes:
+        t = x
+        if t == _HISTORY:
+            history = True
+        elif t in (_TOOL_SCHEMA, _TOOL_OUTPUT):
+            tools = True
+    if rb.session is not None or history:
+        return _AGENTIC if tools else _CHAT
+    return _STRUCT if rb.templated else _EF
 
 
-def log_survival(dt: float, mu: float, sigma: float) -> float:
+def log_survival(dt: cython.double, mu: cython.double, sigma: cython.double) -> cython.double:
     """``log(1 - LogNormalCDF(dt; mu, sigma))``, finite far in the tail (asymptotic erfc)."""
-    z = (math.log(dt) - mu) / (sigma * _SQRT2)
+    z: cython.double = (log(dt) - mu) / (sigma * _SQRT2)
     if z < 25.0:
-        return math.log(0.5 * math.erfc(z))
-    z2 = z * z
+        return log(0.5 * erfc(z))
+    z2: cython.double = z * z
     return (
         _LOG_HALF
         - z2
-        - math.log(z)
+        - log(z)
         - _HALF_LOG_PI
-        + math.log1p(-0.5 / z2 + 0.75 / (z2 * z2) - 1.875 / (z2 * z2 * z2))
+        + log1p(-0.5 / z2 + 0.75 / (z2 * z2) - 1.875 / (z2 * z2 * z2))
     )
 
 
+def _clip(x: cython.double, lo: cython.double, hi: cython.double) -> cython.double:
+    """``min(max(x, lo), hi)`` with Python's rules (the first argument wins ties and NaN)."""
+    if lo > x:
+        x = lo
+    if hi < x:
+        x = hi
+    return x
+
+
 class LogWindow:
-    """The last ``size`` samples with running sums of ``x`` and ``x**2`` (re-summed exactly
-    every ``size`` samples, so rounding never accumulates)."""
+    """The last ``size`` samples (a ring of C doubles) with running sums of ``x`` and ``x**2``,
+    re-summed exactly (``math.fsum``, see ``_fsum``) every ``size`` samples, so rounding never
+    accumulates."""
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self.values: deque[float] = deque()
+        self._arr = array.array("d", [0.0]) * size
+        self._buf = self._arr
+        self._n = 0
+        self._head = 0
         self.s1 = 0.0
         self.s2 = 0.0
         self._since_exact = 0
 
     def __len__(self) -> int:
-        return len(self.values)
+        return self._n
 
-    def push(self, x: float) -> None:
-        values = self.values
-        values.append(x)
+    def push(self, x: cython.double) -> None:
+        full: cython.bint = self._n == self.size
+        y: cython.double = self._buf[self._head] if full else 0.0
+        self._buf[self._head] = x
+        self._head += 1
+        if self._head == self.size:
+            self._head = 0
+        if not full:
+            self._n += 1
         self.s1 += x
         self.s2 += x * x
-        if len(values) > self.size:
-            y = values.popleft()
+        if full:  # the oldest sample leaves the window
             self.s1 -= y
             self.s2 -= y * y
         self._since_exact += 1
         if self._since_exact >= self.size:
-            self.s1 = math.fsum(values)
-            self.s2 = math.fsum(v * v for v in values)
+            # the ring is full here (size pushes since the last re-sum); the exact sum does not
+            # depend on the order of the samples
+            self.s1 = _fsum(self._arr, self._buf, self._n, False)
+            self.s2 = _fsum(self._arr, self._buf, self._n, True)
             self._since_exact = 0
 
-    def mean(self) -> float:
-        return self.s1 / len(self.values)
+    def mean(self) -> cython.double:
+        return self.s1 / self._n
 
-    def std(self) -> float:
+    def std(self) -> cython.double:
         """Population (maximum-likelihood) standard deviation."""
-        m = self.mean()
-        return math.sqrt(max(0.0, self.s2 / len(self.values) - m * m))
+        m: cython.double = self.mean()
+        v: cython.double = self.s2 / self._n - m * m
+        return sqrt(v if v > 0.0 else 0.0)
+
+
+def _fsum(
+    arr: object, buf: cython.double[::1], n: cython.Py_ssize_t, square: cython.bint
+) -> cython.double:
+    """``math.fsum`` of the first ``n`` values of ``buf`` (of their squares if ``square``).
+
+    Compiled, CPython's own algorithm (Modules/mathmodule.c, ``math_fsum``: Shewchuk's exact
+    partials, then a half-even correction across partials) on the C doubles, with no float
+    objects; its result is the correctly rounded sum, so it equals ``math.fsum`` bit for bit
+    (``tests/test_saecache.py`` checks). Non-finite values, an intermediate overflow or more
+    partials than the C array holds fall back to ``math.fsum`` itself.
+    """
+    if not cython.compiled:
+        values = list(arr)[:n]
+        return math.fsum([v * v for v in values] if square else values)
+    p = cython.declare(cython.double[64])  # _NUM_PARTIALS
+    m: cython.Py_ssize_t = 0  # partials in use
+    k: cython.Py_ssize_t
+    i: cython.Py_ssize_t
+    j: cython.Py_ssize_t
+    x: cython.double
+    y: cython.double
+    t: cython.double
+    hi: cython.double
+    yr: cython.double
+    lo: cython.double = 0.0
+    for k in range(n):
+        x = buf[k]
+        if square:
+            x = x * x
+        if not isfinite(x):
+            return _fsum_python(arr, n, square)
+        i = 0
+        for j in range(m):
+            y = p[j]
+            if fabs(x) < fabs(y):
+                t = x
+                x = y
+                y = t
+            hi = x + y
+            yr = hi - x
+            lo = y - yr
+            if lo != 0.0:
+                p[i] = lo
+                i += 1
+            x = hi
+        m = i
+        if x != 0.0:
+            if not isfinite(x) or m >= _NUM_PARTIALS:  # overflow / out of room: let fsum say
+                return _fsum_python(arr, n, square)
+            p[m] = x
+            m += 1
+    hi = 0.0
+    if m > 0:
+        m -= 1
+        hi = p[m]
+        while m > 0:  # sum from the top, stop when the sum becomes inexact
+            x = hi
+            m -= 1
+            y = p[m]
+            hi = x + y
+            yr = hi - x
+            lo = y - yr
+            if lo != 0.0:
+                break
+        if m > 0 and ((lo < 0.0 and p[m - 1] < 0.0) or (lo > 0.0 and p[m - 1] > 0.0)):
+            y = lo * 2.0
+            x = hi + y
+            yr = x - hi
+            if y == yr:
+                hi = x
+    return hi
+
+
+def _fsum_python(arr: object, n: cython.Py_ssize_t, square: cython.bint) -> cython.double:
+    values = list(arr)[:n]
+    return math.fsum([v * v for v in values] if square else values)
 
 
 def _per_queue(value: float | dict[str, float] | None, seed: float, what: str) -> list[float]:
@@ -203,12 +329,47 @@ def _per_queue(value: float | dict[str, float] | None, seed: float, what: str) -
     return out
 
 
+class Group:
+    """One group of blocks (module docstring): its queue, type and Structural level, its heap,
+    and the constant part of ``log P`` its blocks share (``base``, valid for ``gamma`` and the
+    policy's weight ``stamp`` it was computed at)."""
+
+    def __init__(
+        self,
+        q: cython.int,
+        t: cython.int,
+        lev: cython.int,
+        timed: cython.bint,
+        ratio: cython.double,
+    ) -> None:
+        self.q = q
+        self.t = t
+        self.lev = lev
+        self.timed = timed
+        self.ratio = ratio  # pos / pos_max of a Structural level with position decay, else 0
+        self.heap = KeyHeap()
+        self.cbase = 0.0  # log alpha_q + log w_type
+        self.base = 0.0  # cbase + log(1 - ratio ** gamma) when ratio > 0
+        self.gamma = 0.0
+        self.stamp = -1
+        self.active = False
+        # the last key computed for the group's top (see SAECache.victim) and its inputs
+        self.memo = False
+        self.memo_key = 0.0
+        self.memo_t = 0.0
+        self.memo_now = 0.0
+        self.memo_eps = 0.0
+        self.memo_mu = 0.0
+        self.memo_sigma = 0.0
+
+
 class SAECache(Policy):
     name = "saecache"
-    uses_ghost_list = True
-    #: heaps are compacted when their entries exceed ``2 * live + compact_slack``
+    #: heaps are compacted when their entries exceed ``2 * live + compact_slack`` (read when the
+    #: policy is made)
     compact_slack: ClassVar[int] = 4096
 
+    @cython.annotation_typing(False)  # the arguments are checked and converted as plain Python
     def __init__(
         self,
         *,
@@ -274,13 +435,14 @@ class SAECache(Policy):
         self.gamma_min = float(gamma_min)
         self.gamma_max = float(gamma_max)
         self.position_levels = R = int(position_levels)
-        self.promote_hits = None if promote_hits is None else int(promote_hits)
+        self.promote_hits = promote_hits
         self.dt_epsilon = float(dt_epsilon)
         self.queue_weights = bool(queue_weights)
         self.type_weights = bool(type_weights)
         self.lognormal_timing = bool(lognormal_timing)
         self.position_decay = bool(position_decay)
         self.learn = bool(learn)
+        self._slack = int(type(self).compact_slack)
 
         # --- parameters (initial values; learned ones move) ----------------------------------
         alpha_given = dict(DEFAULT_ALPHA)
@@ -307,7 +469,7 @@ class SAECache(Policy):
         self._learn_alpha = learn and self.queue_weights
         self._learn_timing = learn and self.lognormal_timing
         self._learn_gamma = learn and self.position_decay
-        self._types: AdaptiveSemantic | None = None
+        self._types = None
         if learn and self.type_weights:
             self._types = AdaptiveSemantic(
                 eta=self.eta,
@@ -318,82 +480,117 @@ class SAECache(Policy):
             )
             self.weights = self._types.weights  # the learner's own list: always current
         # the cache keeps a ghost list only for a policy that learns from it
-        self.uses_ghost_list = self._types is not None or self._learn_alpha
+        self._uses_ghost = self._types is not None or self._learn_alpha
 
         # --- groups --------------------------------------------------------------------------
         T = NUM_TYPES
         self.num_groups = G = 3 * T + T * R
-        self._gq = [g // T for g in range(3 * T)] + [STRUCTURAL] * (T * R)
-        self._gt = [g % T for g in range(3 * T)] + [t for t in range(T) for _ in range(R)]
-        self._glev = [R] * (3 * T) + [lev for _ in range(T) for lev in range(R)]
-        self._gtimed = [self.lognormal_timing and q in (CHAT, AGENTIC) for q in self._gq]
-        self._heaps = [KeyHeap() for _ in range(G)]
-        self._active: list[int] = []
-        self._is_active = bytearray(G)
+        groups = []
+        for g in range(G):
+            if g < 3 * T:
+                q, t, lev = g // T, g % T, R
+            else:
+                q, t, lev = STRUCTURAL, (g - 3 * T) // R, (g - 3 * T) % R
+            timed = self.lognormal_timing and q in (CHAT, AGENTIC)
+            ratio = lev / R if self.position_decay and lev < R else 0.0
+            groups.append(Group(q, t, lev, timed, ratio))
+        self._groups = groups
+        self._heaps = [grp.heap for grp in groups]
+        self._active: list[Group] = []  # the groups whose heaps may hold entries
         self._n_entries = 0
         self._n_live = 0
         self._seq = 0
-        self._cbase = [0.0] * G  # log alpha_q + log w_type per group
-        # pos / pos_max of a Structural group's level when position decay is on, else 0.0
-        self._gratio = [lev / R if self.position_decay and lev < R else 0.0 for lev in self._glev]
+        self._stamp = 0
         self._refresh_cbase()
 
         # --- the current request and the learning windows -------------------------------------
         self._now = 0.0
         self._cls = EVICT_FIRST
-        self._req_id: tuple | None = None
+        self._req_seen = False  # (index, arrival) of the current request, once there is one
+        self._req_index = 0
+        self._req_arrival = 0.0
         self._req_single = False  # the current request is single-turn (gives a depth sample)
         self._req_blocks = 0
         self._req_hits = 0
         self._sessions: dict[Any, float] = {}  # session -> arrival of its last request
         self._gaps = [LogWindow(self.gap_window), LogWindow(self.gap_window)]
         self._depths = LogWindow(self.gamma_window)
-        self._hits_q = [0] * len(QUEUES)
-        self._evicted_q = [0] * len(QUEUES)
-        self._ghost_q = [0] * len(QUEUES)
+        if not cython.compiled:  # compiled, these are C arrays (saecache.pxd)
+            self._n_hits = [0] * len(QUEUES)
+            self._n_evicted = [0] * len(QUEUES)
+            self._n_ghost = [0] * len(QUEUES)
+        self._reset_window()
         self._evictions = 0
         self.alpha_updates = 0
         self._w_seen = 0
 
+    @property
+    def promote_hits(self) -> int | None:
+        """Hits after which an Evict-First prefill block moves to Structural (None: never)."""
+        return None if self._promote < 0 else self._promote
+
+    @promote_hits.setter
+    def promote_hits(self, value: object) -> None:  # int or None
+        self._promote = -1 if value is None else int(value)
+
+    @property
+    def uses_ghost_list(self) -> bool:
+        """The cache keeps a ghost list only for a policy that learns from it."""
+        return bool(self._uses_ghost)
+
     # --- classification ------------------------------------------------------------------------
 
-    def group_of(self, b: Block, cls: int) -> int:
+    def group_of(self, b: Block, cls: cython.int) -> cython.Py_ssize_t:
         """The group of block ``b`` last used by a request of queue class ``cls``."""
-        t = b.stype
+        t: cython.Py_ssize_t = b.stype
         if t == _OUTPUT:
             return t
-        if cls == EVICT_FIRST:
-            promote = self.promote_hits
-            if promote is None or b.hits < promote:
+        if cls == _EF:
+            if self._promote < 0 or b.hits < self._promote:
                 return t
-        elif cls != STRUCTURAL:
-            return cls * NUM_TYPES + t
-        R = self.position_levels
-        req = b.req
-        n = len(req.keys) if req is not None else 0
-        lev = (b.pos * R) // n if n else 0
-        if lev >= R:
-            lev = R - 1
-        return 3 * NUM_TYPES + t * R + lev
+        elif cls != _STRUCT:
+            return cls * _T + t
+        # Structural: a block's type and level never change, so a Structural block keeps its
+        # group (and its inserting request, likely cold in memory by now, is not read again)
+        g: cython.Py_ssize_t
+        if b.pdata is not None:
+            g = b.pdata
+            if g >= 3 * _T:
+                return g
+        R: cython.Py_ssize_t = self.position_levels
+        lev: cython.Py_ssize_t = 0
+        n: cython.Py_ssize_t
+        req: RequestBlocks
+        if b.pos:  # a request's first block is at level 0 whatever its length
+            req = b.req
+            n = len(req.keys) if req is not None else 0
+            lev = (b.pos * R) // n if n else 0
+            if lev >= R:
+                lev = R - 1
+        return 3 * _T + t * R + lev
 
     def queue_of(self, b: Block) -> str:
         """The queue block ``b`` is in now (by name)."""
-        return QUEUES[self._gq[b.pdata]]
+        g: cython.Py_ssize_t = b.pdata
+        grp: Group = self._groups[g]
+        return QUEUES[grp.q]
 
     def structural_level(self, b: Block) -> int:
         """The rounded position level of a Structural block (-1 for other queues)."""
-        lev = self._glev[b.pdata]
-        return -1 if lev == self.position_levels else lev
+        g: cython.Py_ssize_t = b.pdata
+        grp: Group = self._groups[g]
+        return -1 if grp.lev == self.position_levels else grp.lev
 
     # --- priority ------------------------------------------------------------------------------
 
     def log_priority(self, b: Block, now: float) -> float:
         """``log P(b)`` at ``now``, computed from the current parameters (not from the per-group
         constants the victim search keeps): the reference the victim search must agree with."""
-        g = b.pdata
-        q = self._gq[g]
-        key = math.log(self.alpha[q]) + math.log(self.weights[self._gt[g]])
-        lev = self._glev[g]
+        g: cython.Py_ssize_t = b.pdata
+        grp: Group = self._groups[g]
+        q = grp.q
+        key = math.log(self.alpha[q]) + math.log(self.weights[grp.t])
+        lev = grp.lev
         if self.position_decay and lev < self.position_levels:
             key += math.log(1.0 - (lev / self.position_levels) ** self.gamma)
         dt = now - b.pk1
@@ -409,54 +606,61 @@ class SAECache(Policy):
         return math.exp(self.log_priority(b, now))
 
     def _refresh_cbase(self) -> None:
-        la = [math.log(a) for a in self.alpha]
-        lw = [math.log(w) for w in self.weights]
-        gq, gt = self._gq, self._gt
-        self._cbase = [la[gq[g]] + lw[gt[g]] for g in range(self.num_groups)]
+        """Take new ``log alpha_q`` and ``log w_type`` (after a weight change); each group's
+        ``log alpha_q + log w_type`` is recomputed from them when the victim search next reads
+        the group (its ``stamp`` is then behind)."""
+        self._la = [math.log(a) for a in self.alpha]
+        self._lw = [math.log(w) for w in self.weights]
+        self._stamp += 1
 
     # --- cache hooks ---------------------------------------------------------------------------
 
-    def on_request(self, rb: RequestBlocks, now: float) -> None:
+    def on_request(self, rb: RequestBlocks, now: cython.double) -> None:
         self._now = now
-        self._cls = cls = request_queue(rb)
-        ident = (rb.index, rb.arrival_s)
-        if ident == self._req_id:  # the same request again (the simulator adding its output)
-            return
+        cls: cython.int = request_queue(rb)
+        self._cls = cls
+        if self._req_seen and rb.index == self._req_index and rb.arrival_s == self._req_arrival:
+            return  # the same request again (the simulator adding its output)
+        win: LogWindow
         if self._learn_gamma and self._req_single and self._req_blocks:
-            self._depths.push(math.log((self._req_hits + 0.5) / (self._req_blocks + 1.0)))
             win = self._depths
-            if len(win) >= self.min_gamma_samples:
+            win.push(log((self._req_hits + 0.5) / (self._req_blocks + 1.0)))
+            if win._n >= self.min_gamma_samples:
                 # MLE of D ~ CDF D**gamma: -1 / mean(log D) (mean < 0: every D is in (0, 1))
-                self.gamma = min(max(-1.0 / win.mean(), self.gamma_min), self.gamma_max)
-        self._req_id = ident
-        self._req_single = cls in (EVICT_FIRST, STRUCTURAL)
+                self.gamma = _clip(-1.0 / win.mean(), self.gamma_min, self.gamma_max)
+        self._req_seen = True
+        self._req_index = rb.index
+        self._req_arrival = rb.arrival_s
+        self._req_single = cls in (_EF, _STRUCT)
         self._req_blocks = len(rb.keys)
         self._req_hits = 0
         session = rb.session
-        if session is not None and self._learn_timing and cls in (CHAT, AGENTIC):
-            sessions = self._sessions
+        if session is not None and self._learn_timing and cls in (_CHAT, _AGENTIC):
+            sessions: dict = self._sessions
             prev = sessions.pop(session, None)
             if prev is not None:
-                gap = rb.arrival_s - prev
+                gap: cython.double = rb.arrival_s - prev
                 if gap > 0:
-                    win = self._gaps[cls - CHAT]
-                    win.push(math.log(gap))
-                    if len(win) >= self.min_gap_samples:
-                        self.mu[cls - CHAT] = win.mean()
-                        self.sigma[cls - CHAT] = max(win.std(), self.sigma_min)
+                    win = self._gaps[cls - _CHAT]
+                    win.push(log(gap))
+                    if win._n >= self.min_gap_samples:
+                        self.mu[cls - _CHAT] = win.mean()
+                        s: cython.double = win.std()
+                        self.sigma[cls - _CHAT] = self.sigma_min if self.sigma_min > s else s
             sessions[session] = rb.arrival_s
             if len(sessions) > self.max_sessions:
                 del sessions[next(iter(sessions))]
 
-    def on_insert(self, b: Block, now: float) -> None:
+    def on_insert(self, b: Block, now: cython.double) -> None:
         b.pdata = self.group_of(b, self._cls)
         b.pk2 = 0.0  # no heap entry yet
 
-    def on_hit(self, b: Block, now: float) -> None:
-        old = b.pdata
-        self._hits_q[self._gq[old]] += 1
+    def on_hit(self, b: Block, now: cython.double) -> None:
+        old: cython.Py_ssize_t = b.pdata
+        grp: Group = self._groups[old]
+        self._n_hits[grp.q] += 1
         self._req_hits += 1
-        g = self.group_of(b, self._cls)
+        g: cython.Py_ssize_t = self.group_of(b, self._cls)
         if g != old:
             b.pdata = g
             if b.pk2:  # its entry is in the old group's heap: void it
@@ -464,7 +668,7 @@ class SAECache(Policy):
                 b.pk2 = 0.0
                 self._n_live -= 1
 
-    def on_unpin(self, b: Block, now: float) -> None:
+    def on_unpin(self, b: Block, now: cython.double) -> None:
         if b.pk2 and now < b.pk1:  # time went back: the entry's key would be too large
             b.version += 1
             b.pk2 = 0.0
@@ -475,39 +679,49 @@ class SAECache(Policy):
         if not b.pk2 and not b.n_children:
             self._push(b)
 
-    def on_leaf(self, b: Block, now: float) -> None:
+    def on_leaf(self, b: Block, now: cython.double) -> None:
         if not b.pk2:
             self._push(b)
 
     def _push(self, b: Block) -> None:
         """Give ``b`` an entry in its group's heap under its current key."""
-        g = b.pdata
+        g: cython.Py_ssize_t = b.pdata
+        grp: Group = self._groups[g]
         b.version += 1
         b.pk2 = 1.0
-        heap: KeyHeap = self._heaps[g]
-        heap.push(b.pk1, float(b.pseq), b.version, b)
+        grp.heap.push(b.pk1, float(b.pseq), b.version, b)
         self._n_live += 1
         self._n_entries += 1
-        if not self._is_active[g]:
-            self._is_active[g] = 1
-            self._active.append(g)
-        if self._n_entries > 2 * self._n_live + self.compact_slack:
+        if not grp.active:
+            grp.active = True
+            self._active.append(grp)
+        if self._n_entries > 2 * self._n_live + self._slack:
             self._compact()
 
     def victim(self) -> Block | None:
-        now = self._now
-        eps = self.dt_epsilon
-        heaps = self._heaps
-        cbase, gratio, gtimed, gq = self._cbase, self._gratio, self._gtimed, self._gq
-        mu, sigma, gamma = self.mu, self.sigma, self.gamma
-        log = math.log
-        best_heap: KeyHeap | None = None
-        best_key = best_t = best_seq = 0.0
-        emptied = False
-        for g in self._active:
-            heap: KeyHeap = heaps[g]
-            while len(heap):
-                e = heap.top()
+        now: cython.double = self._now
+        eps: cython.double = self.dt_epsilon
+        gamma: cython.double = self.gamma
+        stamp: cython.longlong = self._stamp
+        active: list = self._active
+        best: Group | None = None
+        best_key: cython.double = 0.0
+        best_t: cython.double = 0.0
+        best_seq: cython.double = 0.0
+        emptied: cython.bint = False
+        grp: Group
+        heap: KeyHeap
+        e: HeapEntry
+        b: Block
+        i: cython.Py_ssize_t
+        for i in range(len(active)):
+            grp = active[i]
+            heap = grp.heap
+            while True:
+                if not heap._items:
+                    emptied = True
+                    break
+                e = heap._items[0]
                 b = e.b
                 if e.seq != b.version:  # void: the block moved group or was re-pushed
                     heap.pop()
@@ -521,38 +735,69 @@ class SAECache(Policy):
                 elif e.k2 != b.pseq:  # released again since: its key grew, let it sink
                     heap.replace_top(b.pk1, float(b.pseq), b.version)
                 else:
-                    t = e.k1
-                    dt = now - t
-                    if dt < eps:
-                        dt = eps
-                    key = cbase[g]
-                    r = gratio[g]
-                    if r:  # a Structural level above 0 (level 0: p = 1, log p = 0)
-                        key += log(1.0 - r**gamma)
-                    key -= log(dt)
-                    if gtimed[g]:
-                        q = gq[g] - CHAT
-                        key += log_survival(dt, mu[q], sigma[q])
+                    t: cython.double = e.k1
+                    if grp.stamp != stamp or grp.gamma != gamma:
+                        if grp.stamp != stamp:
+                            la: cython.double = self._la[grp.q]
+                            lw: cython.double = self._lw[grp.t]
+                            grp.cbase = la + lw
+                        c: cython.double = grp.cbase
+                        if grp.ratio:  # a Structural level above 0 (level 0: log p = 0)
+                            c += log(1.0 - pow(grp.ratio, gamma))
+                        grp.base = c
+                        grp.gamma = gamma
+                        grp.stamp = stamp
+                        grp.memo = False
+                    mu_q: cython.double = 0.0
+                    sigma_q: cython.double = 0.0
+                    if grp.timed:
+                        q: cython.Py_ssize_t = grp.q - _CHAT
+                        mu_q = self.mu[q]
+                        sigma_q = self.sigma[q]
+                    # the key is a function of (base, t, now, eps, mu_q, sigma_q) only: a group
+                    # whose top was not popped since the last eviction keeps it
+                    if not (
+                        grp.memo
+                        and t == grp.memo_t
+                        and now == grp.memo_now
+                        and eps == grp.memo_eps
+                        and mu_q == grp.memo_mu
+                        and sigma_q == grp.memo_sigma
+                    ):
+                        dt: cython.double = now - t
+                        if dt < eps:
+                            dt = eps
+                        k: cython.double = grp.base
+                        k -= log(dt)
+                        if grp.timed:
+                            k += log_survival(dt, mu_q, sigma_q)
+                        grp.memo_key = k
+                        grp.memo = True
+                        grp.memo_t = t
+                        grp.memo_now = now
+                        grp.memo_eps = eps
+                        grp.memo_mu = mu_q
+                        grp.memo_sigma = sigma_q
+                    key: cython.double = grp.memo_key
                     if (
-                        best_heap is None
+                        best is None
                         or key < best_key
                         or (key == best_key and (t < best_t or (t == best_t and e.k2 < best_seq)))
                     ):
-                        best_heap, best_key, best_t, best_seq = heap, key, t, e.k2
+                        best, best_key, best_t, best_seq = grp, key, t, e.k2
                     break
-            else:
-                emptied = True
         if emptied:
             keep = []
-            for g in self._active:
-                if len(heaps[g]):
-                    keep.append(g)
+            for grp in active:
+                if grp.heap._items:
+                    keep.append(grp)
                 else:
-                    self._is_active[g] = 0
+                    grp.active = False
             self._active = keep
-        if best_heap is None:
+        if best is None:
             return None
-        b = best_heap.pop().b
+        heap = best.heap
+        b = heap.pop().b
         self._n_entries -= 1
         self._n_live -= 1
         b.version += 1
@@ -561,10 +806,12 @@ class SAECache(Policy):
 
     def _compact(self) -> None:
         """Drop void entries from every heap (pop all, push back the live ones)."""
-        n = 0
+        n: cython.Py_ssize_t = 0
+        heap: KeyHeap
+        e: HeapEntry
         for heap in self._heaps:
             live = []
-            while len(heap):
+            while heap._items:
                 e = heap.pop()
                 if e.seq == e.b.version:
                     live.append(e)
@@ -575,9 +822,11 @@ class SAECache(Policy):
 
     # --- learning ------------------------------------------------------------------------------
 
-    def on_evict(self, b: Block, now: float) -> None:
-        self._evicted_q[self._gq[b.pdata]] += 1
-        types = self._types
+    def on_evict(self, b: Block, now: cython.double) -> None:
+        g: cython.Py_ssize_t = b.pdata
+        grp: Group = self._groups[g]
+        self._n_evicted[grp.q] += 1
+        types: AdaptiveSemantic | None = self._types
         if types is not None:
             types.on_evict(b, now)
             if types.updates != self._w_seen:
@@ -588,22 +837,60 @@ class SAECache(Policy):
             self._evictions = 0
             if self._learn_alpha:
                 self._update_alpha()
-            self._hits_q = [0] * len(QUEUES)
-            self._evicted_q = [0] * len(QUEUES)
-            self._ghost_q = [0] * len(QUEUES)
+            self._reset_window()
 
-    def on_ghost_hit(self, b: Block, ghost: GhostEntry, now: float) -> None:
+    def on_ghost_hit(self, b: Block, ghost: object, now: cython.double) -> None:
         if self._types is not None:
             self._types.on_ghost_hit(b, ghost, now)
-        if ghost.pdata is not None:
-            self._ghost_q[self._gq[ghost.pdata]] += 1
+        entry: GhostEntry = ghost
+        if entry.pdata is not None:
+            g: cython.Py_ssize_t = entry.pdata
+            grp: Group = self._groups[g]
+            self._n_ghost[grp.q] += 1
+
+    def _reset_window(self) -> None:
+        """Zero the per-queue feedback counters of the current window."""
+        q: cython.Py_ssize_t
+        for q in range(4):
+            self._n_hits[q] = 0
+            self._n_evicted[q] = 0
+            self._n_ghost[q] = 0
+
+    # the window's counters per queue (EVICT_FIRST, CHAT, AGENTIC, STRUCTURAL), as lists
+    @property
+    def _hits_q(self) -> list[int]:
+        return [self._n_hits[q] for q in range(4)]
+
+    @_hits_q.setter
+    def _hits_q(self, values: list[int]) -> None:
+        for q in range(4):
+            self._n_hits[q] = values[q]
+
+    @property
+    def _evicted_q(self) -> list[int]:
+        return [self._n_evicted[q] for q in range(4)]
+
+    @_evicted_q.setter
+    def _evicted_q(self, values: list[int]) -> None:
+        for q in range(4):
+            self._n_evicted[q] = values[q]
+
+    @property
+    def _ghost_q(self) -> list[int]:
+        return [self._n_ghost[q] for q in range(4)]
+
+    @_ghost_q.setter
+    def _ghost_q(self, values: list[int]) -> None:
+        for q in range(4):
+            self._n_ghost[q] = values[q]
 
     def _update_alpha(self) -> None:
         eff = {}
         for q in range(len(QUEUES)):
-            fates = self._hits_q[q] + self._evicted_q[q]
+            hits: int = self._n_hits[q]
+            fates: int = hits + self._n_evicted[q]
             if fates:
-                eff[q] = (self._hits_q[q] + self._ghost_q[q]) / fates
+                eff[q] = (hits + self._n_ghost[q]) / fates
         if not eff:
             return
         mean = sum(eff.values()) / len(eff)
@@ -611,7 +898,7 @@ class SAECache(Policy):
             return
         a_eta = self.alpha_eta
         for q, e in eff.items():
-            target = min(max(e / mean, self.alpha_min), self.alpha_max)
+            target = _clip(e / mean, self.alpha_min, self.alpha_max)
             self.alpha[q] = (1.0 - a_eta) * self.alpha[q] + a_eta * target
         self.alpha_updates += 1
         self._refresh_cbase()

@@ -110,6 +110,14 @@ def test_registry_has_every_workload() -> None:
         "multi_turn_chat",
         "reasoning",
         "workload_shift",
+        # SAE-style traffic (skv/workloads/sae_mix.py): dataset-likes and mixes
+        "sharegpt_like",
+        "lmsys_like",
+        "arena_like",
+        "tool_use",
+        "multi_turn_dominant",
+        "balanced",
+        "single_turn_dominant",
     }
 
 

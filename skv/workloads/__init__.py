@@ -15,7 +15,16 @@ name                        what it stresses
 ``multi_turn_chat``         sessions whose turns re-send the history plus the last answer
 ``reasoning``               chat with ``<think>`` answers kept in or stripped from history
 ``workload_shift``          the mix of the above changes mid-run
+``sharegpt_like``           SAECache's ShareGPT-like traffic: 74% multi-turn conversations
+``lmsys_like``              SAECache's LMSys-like traffic: 33% multi-turn
+``arena_like``              SAECache's Chatbot-Arena-like traffic: 12% multi-turn
+``tool_use``                SAECache mix: mostly agentic (tool-using) sessions
+``multi_turn_dominant``     SAECache mix: mostly multi-turn chat
+``balanced``                SAECache mix: a quarter of the requests per saecache class
+``single_turn_dominant``    SAECache mix: mostly single-turn (templated and plain) requests
 ==========================  ===============================================================
+
+The seven SAECache names are presets (params models) of one generator, ``sae_mix``.
 
 Usage::
 
@@ -43,6 +52,7 @@ from skv.workloads import (
     multi_turn_chat,
     rag,
     reasoning,
+    sae_mix,
     shared_system_prompt,
     tool_agent,
     workload_shift,
@@ -171,6 +181,22 @@ WORKLOADS: dict[str, Workload] = {
         (reasoning, reasoning.ReasoningParams),
         (workload_shift, workload_shift.WorkloadShiftParams),
     )
+}
+
+
+def _sae(params_model: type[sae_mix.SaeMixParams]) -> Workload:
+    return Workload(params_model.NAME, params_model, sae_mix.chats)
+
+
+# SAECache's workloads: presets of one generator (shares and sources: workloads/sae_mix.py)
+WORKLOADS |= {
+    "sharegpt_like": _sae(sae_mix.ShareGptLikeParams),
+    "lmsys_like": _sae(sae_mix.LmsysLikeParams),
+    "arena_like": _sae(sae_mix.ArenaLikeParams),
+    "tool_use": _sae(sae_mix.ToolUseParams),
+    "multi_turn_dominant": _sae(sae_mix.MultiTurnDominantParams),
+    "balanced": _sae(sae_mix.BalancedParams),
+    "single_turn_dominant": _sae(sae_mix.SingleTurnDominantParams),
 }
 
 

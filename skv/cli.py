@@ -157,14 +157,13 @@ def domains() -> list[tuple[str, list[Register]]]:
     from skv.experiments import cli as experiments_cli
     from skv.experiments.replay.cli import register as register_replay
     from skv.services import cli as services_cli
-    from skv.services import collect
     from skv.traces import cli as traces_cli
     from skv.vllm import cli as vllm_cli
 
     return [
         ("install", [register_check]),
         ("traces and cache-only replay", [traces_cli.register, register_replay]),
-        ("serving simulation", [experiments_cli.register, collect.register]),
+        ("serving simulation", [experiments_cli.register, services_cli.register_collect]),
         ("paper pipeline", [artifact_cli.register]),
         ("services (servers bind 127.0.0.1)", [services_cli.register]),
         ("real vLLM engine", [vllm_cli.register]),

@@ -270,3 +270,22 @@ def test_the_parser_sees_function_level_relative_and_by_name_imports(tmp_path):
     assert g["skv.sub.b"] == {"skv.sub.a", "skv.low"}
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+#: modules besides the ``cli`` ones that parse command lines, and why
+ARGPARSE_OUTSIDE_CLI = {
+    "skv/artifact/pipeline.py": "python -m skv.artifact.pipeline, the entry reproduce.sh calls",
+    "skv/vllm/smollm2.py": "a script run by the engine venv's python, not imported by skv",
+    "skv/vllm/tiny_model.py": "a script run by the engine venv's python, not imported by skv",
+}
+
+
+def test_command_lines_are_parsed_only_in_cli_modules():
+    """Library code takes typed parameters, never an argparse Namespace: a domain's ``cli``
+    module turns flags into arguments."""
+    found = {
+        p.relative_to(ROOT).as_posix()
+        for p in (ROOT / "skv").rglob("*.py")
+        if p.name != "cli.py" and re.search(r"^\s*import argparse\b", p.read_text(), re.M)
+    }
+    assert found == set(ARGPARSE_OUTSIDE_CLI), sorted(found ^ set(ARGPARSE_OUTSIDE_CLI))

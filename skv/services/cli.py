@@ -1,4 +1,5 @@
-"""``skv services mock | proxy | router | sim-api | demo-router``: the services' CLI.
+"""``skv services mock | proxy | router | sim-api | demo-router`` and ``skv collect-mock``: the
+services' CLI.
 
 ``register(subparsers)`` adds the ``services`` group and, hidden, the old top-level spellings
 (``skv serve-mock``, ``skv proxy``, ``skv router``, ``skv sim-api``, ``skv demo-router``: same
@@ -15,6 +16,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import math
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -361,6 +363,76 @@ COMMANDS = (
         cmd_demo_router,
     ),
 )
+
+
+def register_collect(sub: Any) -> None:
+    """Add ``skv collect-mock`` (a trace recorded from the mock engine) to the CLI."""
+    from skv.services.collect import DEFAULT_LIVE_DIR
+
+    p = sub.add_parser(
+        "collect-mock",
+        help="record a replayable trace from a deterministic mock serving engine",
+        description="Serve seeded chat/RAG/agent sessions with a mock engine (prefix cache + "
+        "linear TTFT model), segment every prompt and write an skv JSONL trace with the "
+        "observed (mock-simulated) TTFT and cached tokens.",
+    )
+    p.add_argument("--requests", type=int, default=50, help="requests to record")
+    p.add_argument("--output-name", default="mock_trace", help="trace name (file stem)")
+    p.add_argument(
+        "--output",
+        default=None,
+        help=f"output file (default {DEFAULT_LIVE_DIR}/<output-name>.jsonl)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the traffic and the mock")
+    p.add_argument(
+        "--redact",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep only content hashes, token counts, labels and timing (default; "
+        "--no-redact keeps prompt and response text)",
+    )
+    p.add_argument("--tokenizer", default=None, help="'simple' (default) or a tokenizer.json path")
+    p.add_argument(
+        "--session-rate", type=float, default=0.5, help="new sessions per second (Poisson)"
+    )
+    p.add_argument(
+        "--mock-cache-tokens", type=int, default=20_000, help="the mock engine's prefix cache"
+    )
+    p.set_defaults(func=cmd_collect_mock)
+
+
+def cmd_collect_mock(args: argparse.Namespace) -> int:
+    from skv.services.collect import DEFAULT_LIVE_DIR, MockHandler, collect_mock
+
+    if args.requests < 1:
+        raise ValueError(f"--requests must be >= 1, got {args.requests}")
+    out = Path(args.output) if args.output else DEFAULT_LIVE_DIR / f"{args.output_name}.jsonl"
+    handler = MockHandler(
+        seed=args.seed, tokenizer=args.tokenizer, cache_tokens=args.mock_cache_tokens
+    )
+    reqs = collect_mock(
+        args.requests,
+        out,
+        seed=args.seed,
+        redact=args.redact,
+        tokenizer=args.tokenizer,
+        handler=handler,
+        session_rate_rps=args.session_rate,
+    )
+    prompt = sum(r.prompt_tokens for r in reqs)
+    cached = sum(r.observed_cached_tokens or 0 for r in reqs)
+    ttft = [r.observed_ttft_ms for r in reqs if r.observed_ttft_ms is not None]
+    mean = sum(ttft) / len(ttft) if ttft else math.nan
+    print(
+        f"wrote {len(reqs)} requests to {out} ({'redacted' if args.redact else 'with text'}); "
+        f"sessions {len({r.session_id for r in reqs})}, prompt tokens {prompt}, "
+        f"mock-cached {cached} ({cached / prompt if prompt else 0:.1%}), "
+        f"mean mock TTFT {mean:.1f} ms (simulated by the mock handler)"
+    )
+    print(
+        f"replay it: skv replay {out} --cache-token-budget 10000 --policies lru adaptive_semantic"
+    )
+    return 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

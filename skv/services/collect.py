@@ -34,10 +34,8 @@ prompt count is kept in ``extra["engine_prompt_tokens"]`` when it differs.
 
 from __future__ import annotations
 
-import argparse
 import heapq
 import logging
-import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -533,75 +531,6 @@ def collect_mock(
     return col.requests
 
 
-# --------------------------------------------------------------------------- CLI
-
-
-def register(sub: Any) -> None:
-    """Add ``skv collect-mock`` to the CLI's subparsers."""
-    p = sub.add_parser(
-        "collect-mock",
-        help="record a replayable trace from a deterministic mock serving engine",
-        description="Serve seeded chat/RAG/agent sessions with a mock engine (prefix cache + "
-        "linear TTFT model), segment every prompt and write an skv JSONL trace with the "
-        "observed (mock-simulated) TTFT and cached tokens.",
-    )
-    p.add_argument("--requests", type=int, default=50, help="requests to record")
-    p.add_argument("--output-name", default="mock_trace", help="trace name (file stem)")
-    p.add_argument(
-        "--output",
-        default=None,
-        help=f"output file (default {DEFAULT_LIVE_DIR}/<output-name>.jsonl)",
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed of the traffic and the mock")
-    p.add_argument(
-        "--redact",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="keep only content hashes, token counts, labels and timing (default; "
-        "--no-redact keeps prompt and response text)",
-    )
-    p.add_argument("--tokenizer", default=None, help="'simple' (default) or a tokenizer.json path")
-    p.add_argument(
-        "--session-rate", type=float, default=0.5, help="new sessions per second (Poisson)"
-    )
-    p.add_argument(
-        "--mock-cache-tokens", type=int, default=20_000, help="the mock engine's prefix cache"
-    )
-    p.set_defaults(func=cmd_collect_mock)
-
-
-def cmd_collect_mock(args: argparse.Namespace) -> int:
-    if args.requests < 1:
-        raise ValueError(f"--requests must be >= 1, got {args.requests}")
-    out = Path(args.output) if args.output else DEFAULT_LIVE_DIR / f"{args.output_name}.jsonl"
-    handler = MockHandler(
-        seed=args.seed, tokenizer=args.tokenizer, cache_tokens=args.mock_cache_tokens
-    )
-    reqs = collect_mock(
-        args.requests,
-        out,
-        seed=args.seed,
-        redact=args.redact,
-        tokenizer=args.tokenizer,
-        handler=handler,
-        session_rate_rps=args.session_rate,
-    )
-    prompt = sum(r.prompt_tokens for r in reqs)
-    cached = sum(r.observed_cached_tokens or 0 for r in reqs)
-    ttft = [r.observed_ttft_ms for r in reqs if r.observed_ttft_ms is not None]
-    mean = sum(ttft) / len(ttft) if ttft else math.nan
-    print(
-        f"wrote {len(reqs)} requests to {out} ({'redacted' if args.redact else 'with text'}); "
-        f"sessions {len({r.session_id for r in reqs})}, prompt tokens {prompt}, "
-        f"mock-cached {cached} ({cached / prompt if prompt else 0:.1%}), "
-        f"mean mock TTFT {mean:.1f} ms (simulated by the mock handler)"
-    )
-    print(
-        f"replay it: skv replay {out} --cache-token-budget 10000 --policies lru adaptive_semantic"
-    )
-    return 0
-
-
 __all__ = [
     "DEFAULT_LIVE_DIR",
     "HandlerResponse",
@@ -611,5 +540,4 @@ __all__ = [
     "collect_mock",
     "mock_calls",
     "normalize_response",
-    "register",
 ]

@@ -22,7 +22,7 @@ from fastapi.testclient import TestClient
 from helpers import serve_app, wait_until
 
 from skv.segmenter import Segmenter
-from skv.services import _common, cli, mock_backend, proxy, router, sim_api
+from skv.services import checks, cli, mock_backend, proxy, relay, router, sim_api
 
 MSGS = [
     {"role": "system", "content": "You are terse. " * 30},
@@ -292,10 +292,10 @@ def test_relayed_stream_finishes_even_if_its_body_is_never_pulled(gone_at):
     async def go():
         async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
             resp = await client.send(client.build_request("POST", "http://u/x"), stream=True)
-            ended: list[_common.Outcome] = []
+            ended: list[relay.Outcome] = []
             now = time.perf_counter()
-            response = await _common.relay_response(
-                resp, _common.Outcome(), now, ended.append, deadline=now + 10
+            response = await relay.relay_response(
+                resp, relay.Outcome(), now, ended.append, deadline=now + 10
             )
 
             async def receive():
@@ -434,8 +434,8 @@ def test_body_limit_answers_before_the_body_is_sent():
 
 
 def test_body_limit_default_and_env(monkeypatch):
-    assert _common.DEFAULT_MAX_BODY_BYTES == 4 * 1024 * 1024
-    assert proxy.ProxyConfig().max_body_bytes == _common.DEFAULT_MAX_BODY_BYTES
+    assert checks.DEFAULT_MAX_BODY_BYTES == 4 * 1024 * 1024
+    assert proxy.ProxyConfig().max_body_bytes == checks.DEFAULT_MAX_BODY_BYTES
     monkeypatch.setenv("SKV_MAX_BODY_BYTES", "12345")
     assert proxy.ProxyConfig.from_env().max_body_bytes == 12345
     assert sim_api.SimConfig.from_env().max_body_bytes == 12345
@@ -517,7 +517,7 @@ def test_redacted_trace_holds_nothing_the_client_sent(tmp_path, redact):
 
 
 def test_timeout_defaults_and_env(monkeypatch):
-    t = _common.Timeouts()
+    t = relay.Timeouts()
     assert (t.connect_s, t.first_byte_s, t.total_s) == (5.0, 60.0, 600.0)
     pc = proxy.ProxyConfig()
     assert pc.timeouts == t
@@ -527,14 +527,14 @@ def test_timeout_defaults_and_env(monkeypatch):
         monkeypatch.setenv(f"{prefix}_FIRST_BYTE_TIMEOUT_SECONDS", "2.5")
         monkeypatch.setenv(f"{prefix}_TIMEOUT_SECONDS", "30")
     monkeypatch.setenv("SKV_REPLICAS", "http://a")
-    expect = _common.Timeouts(1.5, 2.5, 30.0)
+    expect = relay.Timeouts(1.5, 2.5, 30.0)
     assert proxy.ProxyConfig.from_env().timeouts == expect
     assert router.RouterConfig.from_env().timeouts == expect
     httpx_t = expect.client()
     assert (httpx_t.connect, httpx_t.read, httpx_t.write) == (1.5, 2.5, 2.5)
     for bad in (0, -1, float("inf"), float("nan")):
         with pytest.raises(ValueError, match="timeout"):
-            _common.Timeouts(first_byte_s=bad)
+            relay.Timeouts(first_byte_s=bad)
     with pytest.raises(ValueError, match="connect_s"):
         router.RouterConfig(replicas=["http://a"], connect_timeout_s=0)
 
@@ -548,7 +548,7 @@ def test_cli_timeout_and_body_flags(monkeypatch):
                          "--timeout", "3", "--max-body-bytes", "99"])  # fmt: skip
     cfg = proxy.ProxyConfig()
     cli._set_timeouts(cfg, args)
-    assert cfg.timeouts == _common.Timeouts(1.0, 2.0, 3.0) and cli._max_body(args) == 99
+    assert cfg.timeouts == relay.Timeouts(1.0, 2.0, 3.0) and cli._max_body(args) == 99
     args = p.parse_args(["router", "--first-byte-timeout", "0"])
     with pytest.raises(ValueError, match="first_byte_s"):
         cli._set_timeouts(router.RouterConfig(replicas=["http://a"]), args)
@@ -623,7 +623,7 @@ def _slow(fn, seconds: float = 0.8):
 def test_cpu_work_runs_off_the_event_loop(tmp_path, monkeypatch, service):
     """/health answers at once while a request is being segmented (slowed down here)."""
     targets = {
-        "json": (_common, "parse_json_object"),
+        "json": (checks, "parse_json_object"),
         "mock": (mock_backend, "prompt_segments"),
         "proxy": (proxy, "segment_body"),
         "router": (router, "request_segments"),
@@ -688,10 +688,10 @@ def test_a_client_that_hangs_up_right_after_done_was_served():
     async def go():
         async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
             resp = await client.send(client.build_request("POST", "http://u/x"), stream=True)
-            ended: list[_common.Outcome] = []
+            ended: list[relay.Outcome] = []
             now = time.perf_counter()
-            response = await _common.relay_response(
-                resp, _common.Outcome(), now, ended.append, deadline=now + 10
+            response = await relay.relay_response(
+                resp, relay.Outcome(), now, ended.append, deadline=now + 10
             )
             got_done = asyncio.Event()
 

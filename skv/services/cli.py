@@ -7,7 +7,7 @@ arguments, same behaviour). Every server binds 127.0.0.1 unless ``--host`` says 
 Flags override the corresponding ``SKV_*`` environment variables. Every server refuses request
 bodies over ``--max-body-bytes`` (``SKV_MAX_BODY_BYTES``, default 4 MiB) with 413; the proxy
 and router take ``--connect-timeout`` / ``--first-byte-timeout`` / ``--timeout`` (total) for
-their upstream calls (defaults 5 / 60 / 600 s; see ``skv.services._common.Timeouts``).
+their upstream calls (defaults 5 / 60 / 600 s; see ``skv.services.relay.Timeouts``).
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from skv.services._common import (
+from skv.services._common import DEFAULT_HOST
+from skv.services.checks import max_body_bytes_from_env
+from skv.services.relay import (
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_FIRST_BYTE_TIMEOUT_S,
-    DEFAULT_HOST,
     DEFAULT_TOTAL_TIMEOUT_S,
-    max_body_bytes_from_env,
 )
 
 

@@ -47,7 +47,8 @@ from skv.model import content_hash
 from skv.segmenter import Segmenter
 from skv.services.collect import _Words
 
-from ._common import DEFAULT_MAX_BODY_BYTES, install_body_limit, json_object_body, openai_error
+from ._common import openai_error
+from .checks import DEFAULT_MAX_BODY_BYTES, install_body_limit, json_object_body
 
 #: fault -> (lowest, highest or None, null allowed); delay_s is a number, the others integers
 _FAULT_RANGES: dict[str, tuple[float, float | None, bool]] = {

@@ -13,7 +13,7 @@ Configuration (env; the ``skv proxy`` CLI sets the same fields):
 - ``SKV_UPSTREAM_BASE_URL`` (default ``http://127.0.0.1:8001``)
 - ``SKV_TRACE_OUTPUT_DIR`` (default ``outputs/live_traces``)
 - ``SKV_REDACT_TEXT`` (default true: no prompt or response text is stored)
-- upstream timeouts (:class:`skv.services._common.Timeouts`; 504 when one runs out):
+- upstream timeouts (:class:`skv.services.relay.Timeouts`; 504 when one runs out):
   ``SKV_PROXY_CONNECT_TIMEOUT_SECONDS`` (default 5), ``SKV_PROXY_FIRST_BYTE_TIMEOUT_SECONDS``
   (default 60: response headers, a non-streaming answer's whole wait, and the longest silence
   inside a stream), ``SKV_PROXY_TIMEOUT_SECONDS`` (default 600: arrival to last byte)
@@ -67,27 +67,31 @@ from skv.segmenter import Segmenter
 from skv.traces.native import SKV_TRACE_VERSION, _to_record
 
 from ._common import (
-    DEFAULT_CONNECT_TIMEOUT_S,
-    DEFAULT_FIRST_BYTE_TIMEOUT_S,
-    DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_TOTAL_TIMEOUT_S,
     JsonlAppender,
-    Outcome,
-    Timeouts,
-    UpstreamError,
     add_completion_routes,
-    encode_json,
     env_bool,
     env_float,
     env_str,
+    openai_error,
+    run_stamp,
+)
+from .checks import (
+    DEFAULT_MAX_BODY_BYTES,
+    encode_json,
     forward_headers,
     install_body_limit,
     json_object_body,
     max_body_bytes_from_env,
+)
+from .relay import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_FIRST_BYTE_TIMEOUT_S,
+    DEFAULT_TOTAL_TIMEOUT_S,
+    Outcome,
+    Timeouts,
+    UpstreamError,
     open_upstream,
-    openai_error,
     relay_response,
-    run_stamp,
 )
 
 log = logging.getLogger(__name__)

@@ -45,7 +45,7 @@ failed attempts per replica, failovers, requests every replica failed, in-flight
 
 Env: ``SKV_REPLICAS`` (comma-separated base URLs), ``SKV_ROUTING_POLICY`` (default
 ``round_robin``), ``SKV_ROUTING_OUTPUT_DIR``, upstream timeouts per attempt
-(:class:`skv.services._common.Timeouts`) ``SKV_ROUTER_CONNECT_TIMEOUT_SECONDS`` (default 5),
+(:class:`skv.services.relay.Timeouts`) ``SKV_ROUTER_CONNECT_TIMEOUT_SECONDS`` (default 5),
 ``SKV_ROUTER_FIRST_BYTE_TIMEOUT_SECONDS`` (default 60) and ``SKV_ROUTER_TIMEOUT_SECONDS``
 (total, arrival to last byte, all attempts together; default 600), ``SKV_MAX_BODY_BYTES``
 (request bodies over it get 413; default 4 MiB),
@@ -80,28 +80,32 @@ from skv.routing.semantic_locality import SEMANTIC_WEIGHTS
 from skv.segmenter import Segmenter
 
 from ._common import (
-    DEFAULT_CONNECT_TIMEOUT_S,
-    DEFAULT_FIRST_BYTE_TIMEOUT_S,
-    DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_TOTAL_TIMEOUT_S,
     JsonlAppender,
-    Outcome,
-    Timeouts,
-    UpstreamError,
     add_completion_routes,
-    encode_json,
     env_float,
     env_str,
+    openai_error,
+    run_stamp,
+)
+from .checks import (
+    DEFAULT_MAX_BODY_BYTES,
+    encode_json,
     forward_headers,
     install_body_limit,
     json_object_body,
     max_body_bytes_from_env,
-    open_upstream,
-    openai_error,
-    relay_response,
-    run_stamp,
 )
 from .proxy import segment_body
+from .relay import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_FIRST_BYTE_TIMEOUT_S,
+    DEFAULT_TOTAL_TIMEOUT_S,
+    Outcome,
+    Timeouts,
+    UpstreamError,
+    open_upstream,
+    relay_response,
+)
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +219,9 @@ class RouterState:
         self._lock = threading.Lock()
 
     def blocks(self, segments: list[Any], session: str | None) -> RequestBlocks:
-        req = SkvRequest("route", 0.0, list(segments), session_id=session)
+        """``arrival_s``: this process's monotonic clock (routers that plan per period, like
+        ``cacheroute``, read time from the request)."""
+        req = SkvRequest("route", time.monotonic(), list(segments), session_id=session)
         return request_blocks(req, self.cfg.block_size, "prefix")
 
     def healthy_first(self) -> list[int]:

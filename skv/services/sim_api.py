@@ -31,14 +31,12 @@ from skv.latency import make_latency_model
 from skv.model import TYPES, SemanticType
 from skv.model import Request as SkvRequest
 
-from ._common import (
+from ._common import env_float, env_str, openai_error
+from .checks import (
     DEFAULT_MAX_BODY_BYTES,
-    env_float,
-    env_str,
     install_body_limit,
     json_object_body,
     max_body_bytes_from_env,
-    openai_error,
 )
 from .proxy import segment_body
 

@@ -15,7 +15,9 @@ from skv.routing import ROUTERS, FixedView, make_router
 from skv.sim import SimConfig, simulate
 
 T = SemanticType
-NAMES = ["round_robin", "least_loaded", "prefix_locality", "semantic_locality", "precise"]
+NAMES = ["round_robin", "least_loaded", "prefix_locality", "semantic_locality", "precise",
+         "random", "power_of_two", "consistent_hashing", "sglang_cache_aware", "dynamo_cost",
+         "cacheroute"]  # fmt: skip
 
 
 def _rb(*segments: tuple[SemanticType, int]):

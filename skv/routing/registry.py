@@ -9,14 +9,33 @@ from __future__ import annotations
 from typing import Any
 
 from skv.routing.base import LocalityRouter, Router
+from skv.routing.cacheroute import CacheRoute
+from skv.routing.consistent_hashing import ConsistentHashing
+from skv.routing.dynamo_cost import DynamoCost
 from skv.routing.least_loaded import LeastLoaded
+from skv.routing.power_of_two import PowerOfTwo
 from skv.routing.precise import Precise
 from skv.routing.prefix_locality import PrefixLocality
+from skv.routing.random_router import RandomRouter
 from skv.routing.round_robin import RoundRobin
 from skv.routing.semantic_locality import SemanticLocality
+from skv.routing.sglang_cache_aware import SGLangCacheAware
 
 ROUTERS: dict[str, type[Router]] = {
-    r.name: r for r in (RoundRobin, LeastLoaded, PrefixLocality, SemanticLocality, Precise)
+    r.name: r
+    for r in (
+        RoundRobin,
+        LeastLoaded,
+        PrefixLocality,
+        SemanticLocality,
+        Precise,
+        RandomRouter,
+        PowerOfTwo,
+        ConsistentHashing,
+        SGLangCacheAware,
+        DynamoCost,
+        CacheRoute,
+    )
 }
 #: routers whose ranking reads the replicas' caches (and take ``max_imbalance``)
 LOCALITY: tuple[str, ...] = tuple(n for n, c in ROUTERS.items() if issubclass(c, LocalityRouter))

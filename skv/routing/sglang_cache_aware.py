@@ -1,0 +1,80 @@
+"""``sglang_cache_aware``: the SGLang router's ``cache_aware`` policy."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from skv.routing.base import Ranking, ReplicaView, Router, least_loaded_order
+
+if TYPE_CHECKING:
+    from skv.blocks import RequestBlocks
+
+
+def matched_tokens(rb: RequestBlocks, view: ReplicaView) -> int:
+    """Tokens of the leading blocks of ``rb`` the view says its replica holds."""
+    hit = min(int(view.match(rb)), len(rb.tokens))
+    return sum(rb.tokens[:hit])
+
+
+class SGLangCacheAware(Router):
+    """SGLang router (sgl-router) ``cache_aware``, as REFERENCE.md section 2 states it:
+
+    1. Imbalanced when ``max_load - min_load > balance_abs_threshold`` AND
+       ``max_load > balance_rel_threshold * min_load`` (``load`` = requests in flight/queued
+       as the view gives; SGLang counts its own running requests per worker). Then: shortest
+       queue, i.e. replicas by (load, routed, index).
+    2. Otherwise: match ratio per replica = matched prompt tokens / prompt tokens (SGLang:
+       matched characters of its approximate radix tree / characters). If the best ratio is
+       ``> cache_threshold``: replicas by (-ratio, load, routed, index); else the least
+       loaded order.
+
+    Defaults: ``balance_abs_threshold`` 64, ``balance_rel_threshold`` 1.5, ``cache_threshold``
+    0.3: the SGLang router's defaults (REFERENCE.md section 2).
+
+    Differences from SGLang, both forced by the view: below the cache threshold SGLang picks the
+    worker with the smallest approximate tree (fewest cached characters); the view exposes no
+    cache size, so this takes the least loaded (as REFERENCE.md states the rule). Ties among
+    equally matching replicas go to the least loaded (SGLang returns one tenant of the matched
+    node). ``match`` is the view's: the service's approximate per-replica LRU (like SGLang's
+    approximate tree, fed by routing decisions), the simulator's exact cache (idealised).
+
+    Scores: the match ratios (None when imbalanced: the ratios were not used)."""
+
+    name = "sglang_cache_aware"
+    cache_aware = True
+
+    def __init__(
+        self,
+        balance_abs_threshold: int = 64,
+        balance_rel_threshold: float = 1.5,
+        cache_threshold: float = 0.3,
+    ) -> None:
+        if balance_abs_threshold < 0:
+            raise ValueError(f"balance_abs_threshold must be >= 0, got {balance_abs_threshold}")
+        if balance_rel_threshold < 1.0:
+            raise ValueError(f"balance_rel_threshold must be >= 1, got {balance_rel_threshold}")
+        if not 0.0 <= cache_threshold <= 1.0:
+            raise ValueError(f"cache_threshold must be in [0, 1], got {cache_threshold}")
+        self.balance_abs_threshold = balance_abs_threshold
+        self.balance_rel_threshold = balance_rel_threshold
+        self.cache_threshold = cache_threshold
+
+    def imbalanced(self, views: Sequence[ReplicaView]) -> bool:
+        loads = [v.load for v in views]
+        hi, lo = max(loads), min(loads)
+        return hi - lo > self.balance_abs_threshold and hi > self.balance_rel_threshold * lo
+
+    def rank(self, rb: RequestBlocks, views: Sequence[ReplicaView]) -> Ranking:
+        if self.imbalanced(views):
+            reason = f"{self.name}: imbalanced, shortest queue"
+            return Ranking(least_loaded_order(views), None, reason)
+        prompt = max(1, rb.prompt_tokens)
+        ratios = [round(matched_tokens(rb, v) / prompt, 6) for v in views]
+        if max(ratios) > self.cache_threshold:
+            order = sorted(
+                range(len(views)), key=lambda i: (-ratios[i], views[i].load, views[i].routed, i)
+            )
+            return Ranking(order, ratios, f"{self.name}: cache match")
+        reason = f"{self.name}: match <= {self.cache_threshold}, least loaded"
+        return Ranking(least_loaded_order(views), ratios, reason)

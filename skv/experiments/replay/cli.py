@@ -1,5 +1,6 @@
 """``skv replay``: a trace through eviction policies, cache only (:mod:`skv.replay`) or timed
-through the serving simulator (:mod:`skv.experiments.replay.timed`, selected by any timed option).
+through the serving simulator (:mod:`skv.experiments.replay.timed`, selected by any timed option);
+``skv shadow``: the routing gate (:mod:`skv.experiments.replay.shadow`).
 
 The command line ends here: the library functions get typed parameters, never the Namespace.
 """
@@ -62,7 +63,8 @@ def add_timed_args(p: argparse.ArgumentParser) -> None:
 
 
 def parse_latency_params(items: Sequence[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` strings -> constants (ints and floats converted)."""
+    """``KEY=VALUE`` strings -> constants (ints and floats converted); latency model and router
+    parameters alike."""
     out: dict[str, Any] = {}
     for item in items:
         key, sep, raw = item.partition("=")
@@ -193,8 +195,97 @@ def cmd_replay_timed(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_shadow(args: argparse.Namespace) -> int:
+    """``skv shadow``: the shadow-replay gate (:mod:`skv.experiments.replay.shadow`); exit 0 to
+    enable the candidate, 3 to keep the baseline."""
+    from skv.blocks import resolve_block_size
+    from skv.experiments.replay.shadow import format_verdict, shadow_replay, time_scaled
+    from skv.experiments.replay.timed import build_latency
+    from skv.replay import compile_trace, resolve_capacities, trace_totals
+    from skv.sizing import Capacity
+    from skv.traces.cli import load_requests
+
+    requests = time_scaled(load_requests(args.trace, args.fmt, args.limit), args.time_scale)
+    bs = resolve_block_size(args.block_size, requests[0])
+    unique = None
+    if Capacity.parse(args.capacity).kind == "fraction":
+        unique = trace_totals(compile_trace(requests, args.block_size)).unique_blocks
+    ((_, blocks),) = resolve_capacities(
+        [args.capacity], block_size=bs, unique_blocks=unique, model=args.model
+    )
+    latency, _ = build_latency(
+        requests,
+        args.latency_model,
+        parse_latency_params(args.latency_param),
+        calibrate=args.calibrate_from_trace,
+        model_preset=args.model,
+    )
+    verdict = shadow_replay(
+        requests,
+        candidate=args.candidate,
+        baseline=args.baseline,
+        candidate_params=parse_latency_params(args.candidate_param),
+        slo_p99_s=args.slo_p99,
+        latency=latency,
+        replicas=args.replicas,
+        capacity_blocks=blocks,
+        policy=args.policy,
+        block_size=args.block_size,
+        max_batch_tokens=args.max_batch_tokens,
+        min_gain_ms=args.min_gain_ms,
+    )
+    print(format_verdict(verdict))
+    return verdict.exit_code
+
+
+def register_shadow(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``shadow`` (the routing gate) to the ``skv`` command line; return its parser."""
+    from skv.latency import LATENCY_MODELS
+
+    p = subparsers.add_parser(
+        "shadow",
+        help="shadow-replay gate: replay a trace through a candidate and a baseline router "
+        "(simulated); exit 0 = enable the candidate, 3 = keep the baseline",
+    )
+    p.add_argument("trace", help="trace file or directory (any format skv reads)")
+    p.add_argument("--format", dest="fmt", default=None, help="force the trace format")
+    p.add_argument("--limit", type=int, default=None, help="only the first N requests")
+    p.add_argument("--block-size", type=int, default=None, help="KV block size in tokens")
+    p.add_argument("--candidate", required=True, help="router to enable if it wins")
+    p.add_argument(
+        "--candidate-param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="candidate router parameter, e.g. period_s=5; repeatable",
+    )
+    p.add_argument("--baseline", default="least_loaded", help="router in service now")
+    p.add_argument("--slo-p99", type=float, required=True, help="p99 TTFT SLO in seconds")
+    p.add_argument("--replicas", type=int, default=4, help="serving replicas (default 4)")
+    p.add_argument(
+        "--capacity",
+        default="10%",
+        help="KV cache per replica: blocks, tokens (50000tok), share of the trace's unique "
+        "blocks (10%%, the default) or bytes (30GB, needs --model)",
+    )
+    p.add_argument("--model", default=None, help="model preset (byte capacities, roofline)")
+    p.add_argument("--policy", default="lru", help="eviction policy on every replica")
+    p.add_argument("--latency-model", choices=sorted(LATENCY_MODELS), default=None)
+    p.add_argument("--latency-param", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--calibrate-from-trace", action="store_true")
+    p.add_argument(
+        "--time-scale", type=float, default=1.0, help="replay X times faster (load scaling)"
+    )
+    p.add_argument("--max-batch-tokens", type=int, default=8192)
+    p.add_argument(
+        "--min-gain-ms", type=float, default=0.0, help="p99 gain the candidate must show"
+    )
+    p.set_defaults(func=cmd_shadow)
+    return p
+
+
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add ``replay`` to the ``skv`` command line; return its parser."""
+    """Add ``replay`` and ``shadow`` to the ``skv`` command line; return replay's parser."""
     p = subparsers.add_parser(
         "replay",
         help="replay a trace through eviction policies (cache only; timed with "
@@ -218,4 +309,5 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_timed_args(p)
     p.set_defaults(func=cmd_replay)
+    register_shadow(subparsers)
     return p

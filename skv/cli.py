@@ -214,20 +214,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: exit status after Ctrl-C (128 + SIGINT), as shells report it
+EXIT_INTERRUPTED = 130
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(levelname)s %(name)s: %(message)s",
-    )
-    if getattr(args, "capacity", "absent") is None:
-        args.capacity = ["10%"]
+    """Run one command. Bad input exits 2 with one ``skv: error:`` line; Ctrl-C exits 130
+    with no traceback, saying what was finished and where (the notes commands add to the
+    KeyboardInterrupt on its way up)."""
     try:
-        return args.func(args)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"skv: error: {exc}", file=sys.stderr)
-        return 2
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        logging.basicConfig(
+            level=logging.DEBUG if args.verbose else logging.INFO,
+            format="%(levelname)s %(name)s: %(message)s",
+        )
+        if getattr(args, "capacity", "absent") is None:
+            args.capacity = ["10%"]
+        try:
+            return args.func(args)
+        except (ValueError, FileNotFoundError) as exc:
+            print(f"skv: error: {exc}", file=sys.stderr)
+            return 2
+    except KeyboardInterrupt as exc:
+        notes = getattr(exc, "__notes__", [])
+        lines = ["skv: interrupted", *(f"  {n}" for n in notes)]
+        print("\n".join(lines), file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

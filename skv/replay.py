@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from skv.blocks import RequestBlocks, annotate_next_use
 from skv.blocks import compile_trace as compile_trace  # re-exported: the usual import site
-from skv.fileio import atomic_write
+from skv.fileio import atomic_dir, atomic_write
 from skv.model import NUM_TYPES, TYPES
 from skv.policies.registry import OFFLINE, make_cache, policy_class
 from skv.runtime import no_cyclic_gc
@@ -188,20 +188,27 @@ def replay_trace(
         policy_class(policy)
     totals = trace_totals(trace)
     block_size = trace[0].block_size if trace else 1
-    rows = []
-    for spec, cap in resolve_capacities(
-        capacities, block_size=block_size, unique_blocks=totals.unique_blocks, model=model
-    ):
-        for policy in policies:
-            row = replay_one(
-                trace,
-                policy,
-                cap,
-                totals=totals,
-                metrics_every=metrics_every,
-                progress=progress,
-            )
-            rows.append({"capacity": spec, "block_size": block_size, **row})
+    rows: list[dict[str, Any]] = []
+    try:
+        for spec, cap in resolve_capacities(
+            capacities, block_size=block_size, unique_blocks=totals.unique_blocks, model=model
+        ):
+            for policy in policies:
+                row = replay_one(
+                    trace,
+                    policy,
+                    cap,
+                    totals=totals,
+                    metrics_every=metrics_every,
+                    progress=progress,
+                )
+                rows.append({"capacity": spec, "block_size": block_size, **row})
+    except KeyboardInterrupt as exc:
+        exc.add_note(
+            f"replay: interrupted after {len(rows)} of {len(policies) * len(capacities)} "
+            "(capacity, policy) replays; nothing written (results are written whole, at the end)"
+        )
+        raise
     return rows
 
 
@@ -228,9 +235,10 @@ CSV_COLUMNS = [
 def write_results(rows: list[dict[str, Any]], out_dir: Path, meta: dict[str, Any]) -> None:
     """``replay_results.csv`` (flat, per-type columns) and ``replay_results.json`` (nested).
 
-    Timing fields are left out so the same config gives byte-identical files.
+    Timing fields are left out so the same config gives byte-identical files. Both or neither:
+    they are written into a staging directory that becomes ``out_dir`` at the end
+    (:func:`skv.fileio.atomic_dir`; into an existing ``out_dir`` the JSON arrives last).
     """
-    out_dir.mkdir(parents=True, exist_ok=True)
     type_names = [t.value for t in TYPES]
     header = (
         CSV_COLUMNS + [f"evictions_{t}" for t in type_names] + [f"hit_rate_{t}" for t in type_names]
@@ -242,12 +250,19 @@ def write_results(rows: list[dict[str, Any]], out_dir: Path, meta: dict[str, Any
             flat[f"evictions_{t}"] = r["evictions_by_type"].get(t, 0)
             flat[f"hit_rate_{t}"] = r["hit_rate_by_type"].get(t, "")
         lines.append(flat)
-    with atomic_write(out_dir / "replay_results.csv") as f:
-        _write_csv(f, header, lines)
     stable_rows = [{k: v for k, v in r.items() if k != "replay_seconds"} for r in rows]
     payload = {"meta": meta, "results": stable_rows}
-    with atomic_write(out_dir / "replay_results.json") as f:
-        f.write(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    try:
+        with atomic_dir(out_dir, last=("replay_results.json",)) as tmp:
+            with atomic_write(tmp / "replay_results.csv") as f:
+                _write_csv(f, header, lines)
+            with atomic_write(tmp / "replay_results.json") as f:
+                f.write(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    except KeyboardInterrupt as exc:
+        exc.add_note(
+            f"replay: every replay done, interrupted while writing; nothing written to {out_dir}"
+        )
+        raise
 
 
 def _write_csv(f, header: list[str], lines: list[dict[str, Any]]) -> None:

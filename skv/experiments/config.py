@@ -22,7 +22,24 @@ default). Example (``experiments/semantickv/smoke.yaml``)::
 
 A capacity is a :class:`skv.sizing.Capacity` spec per replica: blocks (``4096``), tokens
 (``50000tok``), bytes (``30GB``; needs ``model``) or a share of the workload's unique prompt
-blocks (``10%``; resolved per seed, since each seed draws a different trace).
+blocks (``10%``; resolved per seed, since each seed draws a different trace). One that resolves
+to less than one block is an error at load (a share: when the seed's trace is known).
+
+Sizes are bounded before anything is built from them, each error naming file and field:
+
+- the file: at most :data:`MAX_CONFIG_BYTES` (1 MiB), UTF-8 text; after YAML anchors are
+  expanded at most :data:`MAX_CONFIG_VALUES` (10,000) values, nested at most
+  :data:`MAX_CONFIG_DEPTH` (32) deep. The largest shipped config is under 2 KB and 50 values;
+  the bound stops an alias bomb ("billion laughs": a 1 KB file that expands to 10^9 strings)
+  before anything formats or validates it. :func:`read_yaml` applies them for every study's
+  config loader (replay, session gap, engine studies too).
+- the experiment: at most :data:`MAX_LIST` (100) policies, capacities and seeds each, and
+  :data:`MAX_CELLS` (10,000) simulations (seeds x capacities x policies): each cell is a full
+  simulation and one record in ``results.json``; the suite's largest has 200.
+- the workload: ``num_requests`` and the other size parameters are bounded by the workload's
+  own parameter model (:mod:`skv.workloads.base`: at most 1,000,000 requests).
+- batching: ``max_batch_tokens`` at most 2**24 and ``max_running`` at most 2**20, far above any
+  engine's setting (vLLM: 8,192 tokens and 256 sequences by default).
 """
 
 from __future__ import annotations
@@ -74,6 +91,23 @@ def experiment_title(doc: dict[str, Any]) -> str:
 
 class ConfigError(ValueError):
     """A config file that cannot be used; the message names the file and the field."""
+
+
+#: bounds on a config file before any model sees it (module docstring)
+MAX_CONFIG_BYTES = 1 << 20
+MAX_CONFIG_VALUES = 10_000
+MAX_CONFIG_DEPTH = 32
+#: entries of each of an experiment's policies, capacities and seeds lists
+MAX_LIST = 100
+#: simulations of one experiment (seeds x capacities x policies)
+MAX_CELLS = 10_000
+#: characters of an offending value quoted in an error message
+_QUOTE_CHARS = 60
+
+
+def _quote(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= _QUOTE_CHARS else text[: _QUOTE_CHARS - 3] + "..."
 
 
 def _known(name: str, names: Iterable[str], what: str) -> str:
@@ -145,7 +179,8 @@ class PolicySpec(_Strict):
         try:
             make_cache(self.name, 4, self.params)  # a tiny cache: checks the parameters only
         except (ValueError, TypeError) as exc:
-            raise ValueError(str(exc)) from None
+            text = str(exc)  # the registry quotes the parameters: keep the message short
+            raise ValueError(text if len(text) <= 300 else text[:297] + "...") from None
         return self
 
     @property
@@ -197,10 +232,11 @@ class ReplicaSpec(_Strict):
 
 
 class BatchSpec(_Strict):
-    """Per-replica continuous-batching limits (vLLM's max_num_batched_tokens / max_num_seqs)."""
+    """Per-replica continuous-batching limits (vLLM's max_num_batched_tokens / max_num_seqs);
+    bounded far above any engine's setting (module docstring)."""
 
-    max_batch_tokens: int = Field(default=8192, ge=1)
-    max_running: int = Field(default=256, ge=1)
+    max_batch_tokens: int = Field(default=8192, ge=1, le=1 << 24)
+    max_running: int = Field(default=256, ge=1, le=1 << 20)
 
 
 class SeedClaim(_Strict):
@@ -232,10 +268,10 @@ class ExperimentConfig(_Strict):
     title: str = Field(default="", max_length=120, validate_default=True)
     description: str = ""
     workload: WorkloadSpec
-    policies: list[PolicySpec] = Field(min_length=1)
-    capacities: list[str | int] = Field(min_length=1)
+    policies: list[PolicySpec] = Field(min_length=1, max_length=MAX_LIST)
+    capacities: list[str | int] = Field(min_length=1, max_length=MAX_LIST)
     latency: LatencySpec = Field(default_factory=LatencySpec)
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, max_length=MAX_LIST)
     replicas: ReplicaSpec = Field(default_factory=ReplicaSpec)
     block_size: int = Field(default=16, ge=1, le=4096)
     keying: Literal["prefix", "segment"] = "prefix"
@@ -285,16 +321,27 @@ class ExperimentConfig(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> ExperimentConfig:
+        cells = len(self.seeds) * len(self.capacities) * len(self.policies)
+        if cells > MAX_CELLS:
+            raise ValueError(
+                f"seeds x capacities x policies = {cells} simulations; at most {MAX_CELLS} "
+                "per experiment (split it into several configs)"
+            )
         keys = [p.key for p in self.policies]
         dupes = sorted({k for k in keys if keys.count(k) > 1})
         if dupes:
             raise ValueError(
                 f"policies: duplicate entries {dupes}; give each variant its own 'label'"
             )
-        if self.model is None:
-            for cap in self.capacities:
-                if Capacity.parse(cap).kind == "bytes":
-                    raise ValueError(f"capacity {cap!r} is in bytes: set 'model' (a preset)")
+        for i, cap in enumerate(self.capacities):
+            spec = Capacity.parse(cap)
+            if spec.kind == "bytes" and self.model is None:
+                raise ValueError(f"capacities[{i}]: {cap!r} is in bytes: set 'model' (a preset)")
+            if spec.kind != "fraction":  # a share resolves once the seed's trace is known
+                try:
+                    spec.to_blocks(block_size=self.block_size, model=self.model)
+                except ValueError as exc:
+                    raise ValueError(f"capacities[{i}]: {exc}") from None
         if self.seed_claim is not None and self.seed_claim.winner not in {
             p.name for p in self.policies
         }:
@@ -331,17 +378,33 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: b
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-def load_config(path: str | Path) -> ExperimentConfig:
-    """Read and validate one YAML config; ``id`` defaults to the file's stem.
+def read_yaml(path: str | Path, what: str = "config") -> Any:
+    """A YAML config file's data, after the checks every config loader needs.
 
-    Raises :class:`ConfigError` (a ``ValueError``) naming the file and the offending field,
-    or ``FileNotFoundError``.
+    Refused, with a :class:`ConfigError` naming the file (and the field where there is one):
+    more than :data:`MAX_CONFIG_BYTES`, not UTF-8, invalid YAML (line and column), a
+    duplicate key, or data that expands (YAML anchors and aliases) to more than
+    :data:`MAX_CONFIG_VALUES` values or nests deeper than :data:`MAX_CONFIG_DEPTH`.
+    ``FileNotFoundError`` when there is no such file.
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such experiment config")
+        raise FileNotFoundError(f"{path}: no such {what}")
+    size = path.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"{path}: {size} bytes, over the limit of {MAX_CONFIG_BYTES} for a config file "
+            "(is this the right file?)"
+        )
+    raw = path.read_bytes()
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte {exc.start}); expected a YAML {what}"
+        ) from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
         where = ""
         mark = getattr(exc, "problem_mark", None)
@@ -349,6 +412,52 @@ def load_config(path: str | Path) -> ExperimentConfig:
             where = f" (line {mark.line + 1}, column {mark.column + 1})"
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: invalid YAML: nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        raise ConfigError(f"{path}: invalid YAML value: {_quote(str(exc))}") from None
+    _check_size(data, path)
+    return data
+
+
+def _check_size(data: Any, path: Path) -> None:
+    """Count values as a reader of the data sees them (an alias counts each time it is used),
+    stopping at the first bound crossed: its field is named, nothing is expanded (a container's
+    entries are counted before any of them is visited)."""
+    count = 1
+    stack: list[tuple[Any, str, int]] = [(data, "", 0)]
+    while stack:
+        obj, loc, depth = stack.pop()
+        if not isinstance(obj, dict | list):
+            continue
+        problem = None
+        if depth >= MAX_CONFIG_DEPTH:
+            problem = f"nesting deeper than {MAX_CONFIG_DEPTH}"
+        elif count + len(obj) > MAX_CONFIG_VALUES:
+            problem = f"more than {MAX_CONFIG_VALUES} values"
+        if problem is not None:
+            field = re.sub(r"(\[\d+\])+$", "", loc) or "<top level>"
+            raise ConfigError(
+                f"{path}: {field}: the config expands to {problem} (YAML anchors and aliases "
+                "multiply); configs are small by design"
+            )
+        count += len(obj)
+        if isinstance(obj, dict):
+            for key, value in obj.items():
+                name = str(key)[:_QUOTE_CHARS]
+                stack.append((value, f"{loc}.{name}" if loc else name, depth + 1))
+        else:
+            stack.extend((v, f"{loc}[{i}]", depth + 1) for i, v in enumerate(obj))
+
+
+def load_config(path: str | Path) -> ExperimentConfig:
+    """Read and validate one YAML config; ``id`` defaults to the file's stem.
+
+    Raises :class:`ConfigError` (a ``ValueError``) naming the file and the offending field,
+    or ``FileNotFoundError``. The file is read by :func:`read_yaml` (size bounds).
+    """
+    path = Path(path)
+    data = read_yaml(path, "experiment config")
     return config_from_dict(data, source=path)
 
 
@@ -378,7 +487,7 @@ def _flatten(exc: ValidationError, prefix: str = "") -> str:
         elif err.get("type") == "missing":
             msg = "required field missing"
         elif isinstance(err.get("input"), str | int | float | bool) and "got" not in msg:
-            msg = f"{msg} (got {err['input']!r})"
+            msg = f"{msg} (got {_quote(err['input'])})"
         lines.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(lines)
 

@@ -9,17 +9,76 @@ The studies (``skv.experiments.fidelity``, ``skv.experiments.routing``) add what
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from skv.model import Request, Segment, SemanticType
 
 #: hash ids for generated tokens: far above any id a trace or :func:`synthetic_trace` uses
 OUTPUT_ID_BASE = 1 << 40
+
+#: Bounds on the numbers an engine-study config may set: key -> (low, high, why). The
+#: synthetic trace's ids fix two: document ``d``'s block ``k`` is ``100000 + 1000 d + k`` and a
+#: request's own blocks count from 900000, so ``k < 1000`` and ``d < 800`` keep them apart.
+#: ``doc_blocks`` and ``own_blocks`` are ``[low, high]`` pairs within their bounds.
+LIMITS: dict[str, tuple[float, float, str]] = {
+    "seed": (0, 2**63 - 1, "a 64-bit seed"),
+    "num_requests": (1, 100_000, "sent one at a time to a CPU engine; the studies use 40-120"),
+    "num_docs": (1, 800, "document ids (100000 + 1000 d) stay below the own-block ids"),
+    "doc_blocks": (0, 999, "a document's block k has id 100000 + 1000 d + k"),
+    "own_blocks": (1, 1000, "every request has a (partial) block of its own"),
+    "zipf_s": (0, 10, "a popularity exponent; 10 already puts all weight on one document"),
+    "block_size": (1, 4096, "tokens per KV block, as experiment configs"),
+    "num_gpu_blocks": (2, 10_000_000, "the engine's KV blocks, the null block included"),
+    "max_model_len": (1, 1 << 24, "skv.traces.MAX_TOKENS: above any model's context window"),
+    "max_output_tokens": (1, 1 << 24, "skv.traces.MAX_TOKENS"),
+    "replicas": (1, 64, "one CPU engine each, as experiment configs' replicas"),
+    "router_cache_tokens": (1, 1 << 34, "a router-side cache size in tokens"),
+    "startup_timeout_s": (0, 86_400, "a day"),
+    "request_timeout_s": (0, 86_400, "a day"),
+    "event_wait_s": (0, 86_400, "a day"),
+}
+
+
+def _check_value(key: str, value: Any, default: Any, where: str) -> None:
+    """``value`` has the type of ``default`` (any finite number for a float or a duration in
+    seconds) and lies within :data:`LIMITS`; else a ConfigError naming ``where`` and ``key``."""
+    from skv.experiments.config import ConfigError, _quote
+
+    def bad(msg: str) -> None:
+        raise ConfigError(f"{where}.{key}: {msg} (got {_quote(value)})")
+
+    def number(x: Any) -> bool:
+        return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+    if default is None and value is None:
+        return
+    if isinstance(default, bool) or default is None:
+        kind_ok = isinstance(value, bool) if isinstance(default, bool) else True
+    elif isinstance(default, float) or (isinstance(default, int) and key.endswith("_s")):
+        kind_ok = number(value)  # seconds may be fractional whatever the default
+    elif isinstance(default, int):
+        kind_ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        kind_ok = isinstance(value, type(default))
+    if not kind_ok:
+        bad(f"expected {type(default).__name__}, like the default {default!r}")
+    if key not in LIMITS:
+        return
+    lo, hi, why = LIMITS[key]
+    if isinstance(default, list):
+        ok = (
+            len(value) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+            and lo <= value[0] <= value[1] <= hi
+        )
+        if not ok:
+            bad(f"expected [low, high] integers with {lo:g} <= low <= high <= {hi:g} ({why})")
+    elif not (number(value) and lo <= value <= hi):
+        bad(f"must be in [{lo:g}, {hi:g}] ({why})")
 
 
 def load_section(
@@ -32,18 +91,35 @@ def load_section(
 ) -> dict[str, Any]:
     """An engine experiment's config: ``defaults``, then the file's ``section`` mapping (keys it
     does not know are an error naming the file), then (``quick``) its ``quick:`` mapping, then
-    ``overrides`` (None values ignored)."""
+    ``overrides`` (None values ignored).
+
+    The file is read by :func:`skv.experiments.config.read_yaml` (size bounds); every value,
+    from the file or an override, must have its default's type and lie within :data:`LIMITS`
+    (a ``ConfigError`` naming the file, section and key)."""
+    from skv.experiments.config import ConfigError, read_yaml
+
     cfg = dict(defaults)
     if path is not None:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        data = read_yaml(path, "engine-study config") or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: expected a mapping at top level, got {type(data).__name__}")
         for part in (section, "quick"):
-            unknown = set(data.get(part) or {}) - set(defaults)
+            values = data.get(part) or {}
+            if not isinstance(values, dict):
+                raise ConfigError(f"{path}: {part}: expected a mapping")
+            unknown = set(values) - set(defaults)
             if unknown:
-                raise ValueError(f"{path}: {part}: unknown keys {sorted(unknown)}")
+                raise ConfigError(f"{path}: {part}: unknown keys {sorted(unknown)}")
+            for key, value in values.items():
+                _check_value(key, value, defaults[key], f"{path}: {part}")
         cfg.update(data.get(section) or {})
         if quick:
             cfg.update(data.get("quick") or {})
-    cfg.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    for key, value in given.items():
+        if key in defaults:
+            _check_value(key, value, defaults[key], "override")
+    cfg.update(given)
     return cfg
 
 

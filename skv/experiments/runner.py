@@ -12,12 +12,19 @@ trace, simulates every policy at every capacity, and writes into
 - ``run.log``: wall-clock timings (the only file with timings; the others are byte-identical
   for the same config).
 
+The directory appears whole or not at all: :func:`new_run_dir` reserves its name atomically
+(concurrent runs get distinct directories), the files are written into a hidden staging
+directory beside it, which is renamed onto the reserved name at the end
+(:func:`skv.fileio.atomic_dir`). An error or Ctrl-C while writing leaves neither; a directory
+that holds ``results.json`` holds every output.
+
 ``run_all`` runs every config of a directory and writes ``aggregate_summary.csv`` / ``.md``
 next to the run directories.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import datetime as dt
 import io
@@ -29,9 +36,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from skv.experiments.config import METRICS, ExperimentConfig, PolicySpec, load_config
+from skv.experiments.config import (
+    METRICS,
+    ConfigError,
+    ExperimentConfig,
+    PolicySpec,
+    load_config,
+)
 from skv.experiments.outputs import PLOT_FILES, SUITE_DIR
 from skv.experiments.stats import mean_ci, paired_diff
+from skv.fileio import atomic_dir
 from skv.model import Request
 
 log = logging.getLogger(__name__)
@@ -244,10 +258,16 @@ def simulate_experiment(
             f"seed {seed}: workload {len(requests)} requests, {unique} unique "
             f"blocks ({time.perf_counter() - t0:.2f} s)",
         )
-        for cap in config.capacities:
-            blocks = Capacity.parse(cap).to_blocks(
-                block_size=config.block_size, unique_blocks=unique, model=config.model
-            )
+        for i, cap in enumerate(config.capacities):
+            try:
+                blocks = Capacity.parse(cap).to_blocks(
+                    block_size=config.block_size, unique_blocks=unique, model=config.model
+                )
+            except ValueError as exc:  # a share too small for this seed's trace
+                raise ConfigError(
+                    f"experiment {config.id}: capacities[{i}]: {exc} (seed {seed}: "
+                    f"{unique} unique blocks)"
+                ) from None
             for pol in config.policies:
                 t1 = time.perf_counter()
                 try:
@@ -529,28 +549,49 @@ def _cell(v: Any) -> Any:
     return v
 
 
+#: attempts of :func:`new_run_dir` at one timestamp (``_2``, ``_3``, ... suffixes)
+MAX_RUN_DIR_ATTEMPTS = 10_000
+
+
 def new_run_dir(output_root: Path, experiment_id: str, now: dt.datetime | None = None) -> Path:
+    """Create and return a new, empty ``<output_root>/<YYYYmmdd_HHMMSS>_<id>[_<k>]``.
+
+    Atomic: each candidate is created with ``mkdir`` (which fails when the name exists), so
+    runs started at the same second, in threads or processes, all get distinct directories.
+    """
     stamp = (now or dt.datetime.now()).strftime("%Y%m%d_%H%M%S")
     base = output_root / f"{stamp}_{experiment_id}"
-    path, k = base, 1
-    while path.exists():
-        k += 1
-        path = base.with_name(f"{base.name}_{k}")
-    path.mkdir(parents=True)
-    return path
+    output_root.mkdir(parents=True, exist_ok=True)
+    for k in range(1, MAX_RUN_DIR_ATTEMPTS + 1):
+        path = base if k == 1 else base.with_name(f"{base.name}_{k}")
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(f"{base}: {MAX_RUN_DIR_ATTEMPTS} run directories of this second exist")
 
 
-def write_outputs(doc: dict[str, Any], out_dir: Path) -> None:
-    """Every deterministic output of one experiment (all but ``run.log``)."""
+def _write_files(doc: dict[str, Any], out_dir: Path, run_log: Callable[[], str] | None) -> None:
+    """The outputs into an existing (staging) directory, ``results.json`` last."""
     from skv.experiments.figures import write_plots
     from skv.experiments.report import summary_markdown
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "results.json").write_text(dumps_json(doc), encoding="utf-8")
     (out_dir / "metrics.csv").write_text(runs_csv(doc["runs"]), encoding="utf-8")
     (out_dir / "metrics_summary.csv").write_text(summary_csv(doc), encoding="utf-8")
     (out_dir / "summary.md").write_text(summary_markdown(doc), encoding="utf-8")
     write_plots(doc, out_dir)
+    if run_log is not None:
+        (out_dir / "run.log").write_text(run_log(), encoding="utf-8")
+    (out_dir / "results.json").write_text(dumps_json(doc), encoding="utf-8")
+
+
+def write_outputs(doc: dict[str, Any], out_dir: Path) -> None:
+    """Every deterministic output of one experiment (all but ``run.log``), all or nothing:
+    written into a staging directory that becomes ``out_dir`` at the end
+    (:func:`skv.fileio.atomic_dir`); ``results.json`` is the last file to appear."""
+    with atomic_dir(out_dir, last=("results.json",)) as tmp:
+        _write_files(doc, tmp, None)
 
 
 def run_experiment(
@@ -560,11 +601,13 @@ def run_experiment(
     quick: bool = False,
     progress: bool | None = False,
 ) -> Path:
-    """Run one experiment; returns its output directory."""
+    """Run one experiment; returns its output directory, which appears only when every
+    output is written (see the module docstring)."""
     source = None
     if not isinstance(config, ExperimentConfig):
         source = Path(config)
         config = load_config(source)
+    total = len(config.seeds) * len(config.capacities) * len(config.policies)
     t0 = time.perf_counter()
     started = dt.datetime.now()
     timings: list[str] = [
@@ -579,13 +622,43 @@ def run_experiment(
         len(config.policies),
         " (quick)" if quick else "",
     )
-    doc = simulate_experiment(config, quick=quick, progress=progress, timings=timings)
-    out_dir = new_run_dir(Path(output_root), config.id, started)
+    done: list[dict[str, Any]] = []
+    try:
+        doc = simulate_experiment(
+            config, quick=quick, progress=progress, timings=timings, on_run=done.append
+        )
+    except KeyboardInterrupt as exc:
+        exc.add_note(
+            f"experiment {config.id}: interrupted after {len(done)} of {total} simulations; "
+            "nothing written (an experiment's outputs are written whole, at the end)"
+        )
+        raise
+    except ConfigError as exc:
+        if source is None:
+            raise
+        raise ConfigError(f"{source}: {exc}") from None
     t1 = time.perf_counter()
-    write_outputs(doc, out_dir)
-    timings.append(f"wrote outputs ({time.perf_counter() - t1:.2f} s)")
-    timings.append(f"total {time.perf_counter() - t0:.2f} s")
-    (out_dir / "run.log").write_text("\n".join(timings) + "\n", encoding="utf-8")
+
+    def run_log() -> str:
+        timings.append(f"wrote outputs ({time.perf_counter() - t1:.2f} s)")
+        timings.append(f"total {time.perf_counter() - t0:.2f} s")
+        return "\n".join(timings) + "\n"
+
+    out_dir: Path | None = None
+    try:
+        out_dir = new_run_dir(Path(output_root), config.id, started)
+        with atomic_dir(out_dir, last=("results.json",)) as tmp:
+            _write_files(doc, tmp, run_log)
+    except BaseException as exc:
+        if out_dir is not None:
+            with contextlib.suppress(OSError):
+                out_dir.rmdir()  # the reserved name, still empty
+        if isinstance(exc, KeyboardInterrupt):
+            exc.add_note(
+                f"experiment {config.id}: all {total} simulations done, interrupted while "
+                "writing; nothing written (no run directory left behind)"
+            )
+        raise
     log.info("experiment %s done in %.1f s: %s", config.id, time.perf_counter() - t0, out_dir)
     return out_dir
 
@@ -617,10 +690,21 @@ def run_all(
     if dupes:
         raise ValueError(f"experiment ids used twice: {', '.join(dupes)}")
     out_root = Path(output_root)
-    run_dirs = []
-    for i, (path, config) in enumerate(loaded, 1):
-        log.info("run-all [%d/%d] %s", i, len(loaded), path)
-        run_dirs.append(run_experiment(config, out_root, quick=quick, progress=progress))
-    docs = [json.loads((d / "results.json").read_text(encoding="utf-8")) for d in run_dirs]
-    files = write_aggregate(docs, run_dirs, out_root)
+    run_dirs: list[Path] = []
+    try:
+        for i, (path, config) in enumerate(loaded, 1):
+            log.info("run-all [%d/%d] %s", i, len(loaded), path)
+            try:
+                run_dirs.append(run_experiment(config, out_root, quick=quick, progress=progress))
+            except ConfigError as exc:
+                raise ConfigError(f"{path}: {exc}") from None
+        docs = [json.loads((d / "results.json").read_text(encoding="utf-8")) for d in run_dirs]
+        files = write_aggregate(docs, run_dirs, out_root)
+    except KeyboardInterrupt as exc:
+        finished = "".join(f"\n  finished: {d}" for d in run_dirs)
+        exc.add_note(
+            f"run-all: {len(run_dirs)} of {len(loaded)} experiments finished, each complete in "
+            f"its directory; aggregate summary not written{finished}"
+        )
+        raise
     return run_dirs, files

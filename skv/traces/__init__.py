@@ -11,6 +11,10 @@ One module per format (each documents its assumptions and typing rules), one reg
 Plus a libCacheSim ``oracleGeneral`` writer (:mod:`skv.traces.oracle_general`) and ``trace_info``
 (:mod:`skv.traces.info`).
 
+Every reader checks lengths before anything is sized by them: a prompt or an output of more than
+:data:`MAX_TOKENS` (2**24 = 16,777,216) tokens, a negative arrival time or a negative hash id is
+an error naming ``file:line: field`` (reasons in :mod:`skv.traces.limits`).
+
 Real traces are not part of the project. :func:`trace_dir` finds them (``SKV_TRACE_DIR``, else
 ``../shared/traces`` beside the repository) and :func:`find_trace` resolves a relative name
 there, or says where to download it from.
@@ -34,6 +38,7 @@ from skv.traces.bailian import load_bailian
 from skv.traces.claude_code import load_claude_code
 from skv.traces.errors import TraceFormatError
 from skv.traces.info import format_info, trace_info
+from skv.traces.limits import MAX_TOKENS
 from skv.traces.mooncake import load_mooncake
 from skv.traces.native import load_skv, read_skv_header, read_skv_trace, write_skv_trace
 from skv.traces.oracle_general import read_oracle_general, write_oracle_general
@@ -42,6 +47,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "FORMATS",
+    "MAX_TOKENS",
     "UPSTREAMS",
     "TraceFormat",
     "TraceFormatError",

@@ -5,10 +5,15 @@ Hash-id traces (Mooncake, Claude Code, Bailian) carry no text, only one id per b
 positions). Typing such a prompt means cutting it into a few token spans (system prefix, history,
 new input); :func:`spans_to_segments` turns those spans into segments with a content identity
 derived from the ids, so equal ids give equal content hashes without hashing every id.
+
+The limits every reader applies (lengths, hash ids, arrival times) are in
+:mod:`skv.traces.limits`; the checks that need more than a field bound are here
+(:func:`check_total_tokens`, :func:`check_hash_ids_fit`, :class:`ShortIdsWarning`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
@@ -18,6 +23,9 @@ from pydantic import BaseModel, ValidationError
 
 from skv.model import Request, Segment, SemanticType, content_hash
 from skv.traces.errors import TraceFormatError, from_validation_error
+from skv.traces.limits import MAX_TOKENS, MAX_TOKENS_REASON
+
+log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -109,6 +117,51 @@ def spans_to_segments(
         segments.append(Segment(stype=stype, num_tokens=n, content_hash=content_hash(ident)))
         start = end
     return segments
+
+
+def check_total_tokens(total: int, path: PathLike, *, line: int | None, field: str) -> None:
+    """Reject a prompt whose parts add up to more than :data:`MAX_TOKENS`."""
+    if total > MAX_TOKENS:
+        raise TraceFormatError(
+            path,
+            f"{total} tokens in one prompt, over {MAX_TOKENS}; {MAX_TOKENS_REASON}",
+            line=line,
+            field=field,
+        )
+
+
+class ShortIdsWarning:
+    """Counts records whose hash ids cover fewer whole blocks than their prompt has, and logs
+    one warning per file (the first record's ``file:line``) at :meth:`report`."""
+
+    def __init__(self, path: PathLike) -> None:
+        self.path = path
+        self.count = 0
+        self.first: tuple[int | None, str, int, int] | None = None
+
+    def check(
+        self, num_ids: int, prompt_tokens: int, block_size: int, *, line: int | None, where: str
+    ) -> None:
+        if num_ids < prompt_tokens // block_size:
+            self.count += 1
+            if self.first is None:
+                self.first = (line, where, num_ids, prompt_tokens)
+
+    def report(self) -> None:
+        if self.first is None:
+            return
+        line, where, num_ids, tokens = self.first
+        loc = f"{self.path}:{line}" if line is not None else str(self.path)
+        log.warning(
+            "%s: %s: %d hash ids for %d tokens: the prompt declares more whole blocks than it "
+            "has ids, and tokens past the last id can never hit (hit rates diluted); "
+            "%d record(s) like this in the file",
+            loc,
+            where,
+            num_ids,
+            tokens,
+            self.count,
+        )
 
 
 def check_hash_ids_fit(

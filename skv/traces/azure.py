@@ -8,7 +8,9 @@ two requests ever share a block: the trace exercises arrival process and lengths
 capacity pressure), never reuse. ``arrival_s`` is seconds after the earliest row (the first row
 in the published files). Timestamps look like ``2023-11-16 18:17:03.9799600`` (7 fractional
 digits, which ``datetime.fromisoformat`` does not accept), so they are parsed by hand; a plain
-number is taken as seconds.
+number is taken as seconds. ``ContextTokens`` and ``GeneratedTokens`` are integers in
+``[0, MAX_TOKENS]`` (2**24, see :mod:`skv.traces.limits`); anything else is an error naming
+``file:line: column``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 from skv.model import Request, Segment, SemanticType, content_hash
 from skv.traces._common import PathLike, sort_by_arrival
 from skv.traces.errors import TraceFormatError
+from skv.traces.limits import MAX_TOKENS, MAX_TOKENS_REASON
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +65,13 @@ def _int_field(row: dict[str, str], name: str, path: PathLike, lineno: int) -> i
     if value < 0:
         raise TraceFormatError(
             path, f"expected a non-negative integer, got {raw!r}", line=lineno, field=name
+        )
+    if value > MAX_TOKENS:
+        raise TraceFormatError(
+            path,
+            f"{value} tokens, over {MAX_TOKENS}; {MAX_TOKENS_REASON}",
+            line=lineno,
+            field=name,
         )
     return value
 

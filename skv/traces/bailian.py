@@ -23,6 +23,10 @@ Prompt typing, the same rule as the other hash-id traces:
 3. The rest by request ``type``: text -> USER_QUERY, search and file -> RETRIEVED_CONTEXT
    (search results and uploaded documents dominate such prompts), image -> UNKNOWN (no image
    type in the model), anything else -> UNKNOWN.
+
+Checks (:mod:`skv.traces.limits`): lengths at most ``MAX_TOKENS`` (2**24), ``timestamp >= 0``,
+hash ids in ``[0, 2**64)`` and no more of them than the prompt has blocks, ``chat_id`` unique:
+each an error naming ``file:line: field``. Fewer ids than whole blocks is one warning per file.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from skv.model import Request, SemanticType
 from skv.traces._common import (
     PathLike,
+    ShortIdsWarning,
     check_hash_ids_fit,
     common_prefix_len,
     iter_lines,
@@ -45,6 +50,7 @@ from skv.traces._common import (
     spans_to_segments,
 )
 from skv.traces.errors import TraceFormatError
+from skv.traces.limits import HashId, TokenCount
 
 log = logging.getLogger(__name__)
 
@@ -63,12 +69,12 @@ class BailianRecord(BaseModel):
 
     chat_id: int
     parent_chat_id: int | None = -1
-    timestamp: float = Field(allow_inf_nan=False)
-    input_length: int = Field(ge=0)
-    output_length: int = Field(ge=0)
+    timestamp: float = Field(ge=0, allow_inf_nan=False)
+    input_length: TokenCount
+    output_length: TokenCount
     type: str = "text"
     turn: int | None = None
-    hash_ids: list[int]
+    hash_ids: list[HashId]
 
 
 def _is_root(parent: int | None) -> bool:
@@ -81,17 +87,20 @@ def load_bailian(
     """Read a Bailian JSONL trace into requests sorted by arrival (see module docstring)."""
     records: list[tuple[int, BailianRecord]] = []
     by_id: dict[int, BailianRecord] = {}
+    short = ShortIdsWarning(path)
     for lineno, line in iter_lines(path):
         rec = parse_line(BailianRecord, line, path, lineno, strict=True)
         check_hash_ids_fit(
             len(rec.hash_ids), rec.input_length, block_size, path, line=lineno, field="hash_ids"
         )
+        short.check(len(rec.hash_ids), rec.input_length, block_size, line=lineno, where="hash_ids")
         if rec.chat_id in by_id:
             raise TraceFormatError(
                 path, f"duplicate chat_id {rec.chat_id}", line=lineno, field="chat_id"
             )
         by_id[rec.chat_id] = rec
         records.append((lineno, rec))
+    short.report()
 
     roots: dict[int, int] = {}
 

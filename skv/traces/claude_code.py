@@ -38,6 +38,13 @@ Ids and time:
 - ``ttft`` (s) -> ``observed_ttft_ms``; ``out`` -> ``output_tokens``; ``model``, ``type``,
   ``stop``, ``api_time``, ``think_time``, ``input_types``, ``output_types`` and the file name go
   to ``extra`` (plus ``agent_id``/``subagent_type`` for subagent requests).
+
+Checks (:mod:`skv.traces.limits`): token counts (``in``, ``out``, ``tool_tokens``,
+``system_tokens``) at most ``MAX_TOKENS`` (2**24), ``t >= 0``, hash ids in ``[0, 2**64)`` (local
+ones below 2**32) and no more of them than the prompt has blocks, request ids unique across the
+files loaded together (two files with the same ``id``, or two subagents with the same
+``agent_id``, would merge sessions): each an error naming the file and the JSON path. Fewer ids
+than whole blocks (the published sessions have exactly ``in // 64``) is one warning per file.
 """
 
 from __future__ import annotations
@@ -53,12 +60,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from skv.model import Request, SemanticType, content_hash
 from skv.traces._common import (
     PathLike,
+    ShortIdsWarning,
     check_hash_ids_fit,
     common_prefix_len,
     sort_by_arrival,
     spans_to_segments,
 )
 from skv.traces.errors import TraceFormatError, from_validation_error
+from skv.traces.limits import MAX_TOKENS, HashId, TokenCount
 
 log = logging.getLogger(__name__)
 
@@ -80,12 +89,12 @@ class CCEntry(BaseModel):
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
-    t: float = Field(allow_inf_nan=False)
+    t: float = Field(ge=0, allow_inf_nan=False)
     type: str
     model: str | None = None
-    in_tokens: int | None = Field(default=None, alias="in", ge=0)
-    out: int | None = Field(default=None, ge=0)
-    hash_ids: list[int] | None = None
+    in_tokens: TokenCount | None = Field(default=None, alias="in")
+    out: TokenCount | None = None
+    hash_ids: list[HashId] | None = None
     input_types: list[str] = Field(default_factory=list)
     output_types: list[str] = Field(default_factory=list)
     stop: str | None = None
@@ -95,8 +104,8 @@ class CCEntry(BaseModel):
     # subagent entries
     agent_id: str | None = None
     subagent_type: str | None = None
-    tool_tokens: int | None = Field(default=None, ge=0)
-    system_tokens: int | None = Field(default=None, ge=0)
+    tool_tokens: TokenCount | None = None
+    system_tokens: TokenCount | None = None
     requests: list[CCEntry] | None = None
 
     @model_validator(mode="after")
@@ -116,10 +125,10 @@ class CCSession(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     id: str | None = None
-    block_size: int = Field(gt=0)
+    block_size: int = Field(gt=0, le=MAX_TOKENS)
     hash_id_scope: str = "local"
-    tool_tokens: int = Field(ge=0)
-    system_tokens: int = Field(ge=0)
+    tool_tokens: TokenCount
+    system_tokens: TokenCount
     models: list[str] = Field(default_factory=list)
     requests: list[CCEntry]
 
@@ -178,12 +187,22 @@ def _file_tag(name: str, used: set[int]) -> int:
 class _SessionBuilder:
     """Turns one session's (possibly nested) entries into requests, in file order."""
 
-    def __init__(self, path: Path, block_size: int, start: float, remap: Callable[[int], int]):
+    def __init__(
+        self,
+        path: Path,
+        block_size: int,
+        start: float,
+        remap: Callable[[int], int],
+        seen: dict[str, tuple[Path, str]] | None = None,
+    ):
         self.path = path
         self.start = start
         self.remap = remap
         self.bs = block_size
         self.out: list[Request] = []
+        #: request id -> (file, JSON path) of every request built so far (shared across files)
+        self.seen: dict[str, tuple[Path, str]] = {} if seen is None else seen
+        self.short = ShortIdsWarning(path)
 
     def walk(
         self,
@@ -218,12 +237,21 @@ class _SessionBuilder:
             check_hash_ids_fit(
                 len(e.hash_ids), n_in, bs, self.path, line=None, field=f"{where}.hash_ids"
             )
+            self.short.check(len(e.hash_ids), n_in, bs, line=None, where=f"{where}.hash_ids")
             try:
                 ids = [self.remap(h) for h in e.hash_ids]
             except ValueError as err:
                 raise TraceFormatError(self.path, str(err), field=f"{where}.hash_ids") from None
             turn += 1
             rid = f"{sid}:{turn}"
+            first = self.seen.setdefault(rid, (self.path, where))
+            if first != (self.path, where):
+                raise TraceFormatError(
+                    self.path,
+                    f"request id {rid!r} again (first at {first[0].name}: {first[1]}): session "
+                    "ids (a file's 'id') and a session's agent ids must be unique",
+                    field=where,
+                )
             tool_tok = min(n_in, tool)
             sys_tok = min(n_in - tool_tok, system)
             fixed = tool_tok + sys_tok
@@ -306,12 +334,14 @@ def session_requests(
     """The requests of parsed sessions placed on a seeded Poisson timeline, sorted by arrival."""
     starts = session_starts(len(sessions), session_interval_s, seed)
     used_tags: set[int] = set()
+    seen: dict[str, tuple[Path, str]] = {}
     requests: list[Request] = []
     for (f, sess), start in zip(sessions, starts, strict=True):
         sid = sess.id or f.stem
         remap = _remapper(sess.hash_id_scope, _file_tag(sid, used_tags), f)
-        builder = _SessionBuilder(f, sess.block_size, start, remap)
+        builder = _SessionBuilder(f, sess.block_size, start, remap, seen)
         builder.walk(sess.requests, 0.0, sid, sess.tool_tokens, sess.system_tokens, "requests")
+        builder.short.report()
         requests.extend(builder.out)
     return sort_by_arrival(requests)
 

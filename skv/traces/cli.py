@@ -49,7 +49,11 @@ def load_requests(trace: str | Path, fmt: str | None, limit: int | None) -> list
     """The trace's requests (the first ``limit``); exits when there are none."""
     from skv.traces import load_trace
 
-    requests = load_trace(trace, fmt)
+    try:
+        requests = load_trace(trace, fmt)
+    except KeyboardInterrupt as exc:
+        exc.add_note(f"interrupted while reading {trace}; nothing finished, nothing written")
+        raise
     if limit is not None:
         requests = requests[:limit]
     if not requests:
@@ -69,7 +73,13 @@ def load_compiled(
     from skv.replay import compile_trace
 
     requests = load_requests(trace, fmt, limit)
-    compiled = compile_trace(requests, block_size, mode, salt_by_tenant=salt_by_tenant)
+    try:
+        compiled = compile_trace(requests, block_size, mode, salt_by_tenant=salt_by_tenant)
+    except KeyboardInterrupt as exc:
+        exc.add_note(
+            f"interrupted while cutting {trace} into blocks; nothing finished, nothing written"
+        )
+        raise
     return requests, compiled, compiled[0].block_size
 
 
@@ -83,7 +93,12 @@ def cmd_traces_info(args: argparse.Namespace) -> int:
     from skv.traces.info import format_info, trace_info
 
     requests, _, block_size = _load_args(args)
-    print(format_info(trace_info(requests, block_size=block_size, mode=args.mode)))
+    try:
+        info = trace_info(requests, block_size=block_size, mode=args.mode)
+    except KeyboardInterrupt as exc:
+        exc.add_note(f"interrupted while summarising {args.trace}; traces info writes nothing")
+        raise
+    print(format_info(info))
     return 0
 
 

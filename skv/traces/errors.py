@@ -14,6 +14,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from skv.traces.limits import MAX_TOKENS, MAX_TOKENS_REASON
+
 
 class TraceFormatError(ValueError):
     """A trace file (or the data about to be written to one) breaks its format.
@@ -75,6 +77,8 @@ def from_validation_error(
     field = prefix + _loc(tuple(first["loc"]))
     if first["type"] not in ("missing", "json_invalid") and "input" in first:
         msg = f"{msg} (got {_short(first['input'])})"
+    if first["type"] == "less_than_equal" and first.get("ctx", {}).get("le") == MAX_TOKENS:
+        msg += f"; {MAX_TOKENS_REASON}"
     if len(errors) > 1:
         msg = f"{msg} (+{len(errors) - 1} more error(s) in this record)"
     return TraceFormatError(path, msg, line=line, field=field or None)

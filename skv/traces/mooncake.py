@@ -20,6 +20,11 @@ With ``history=False`` rule 2 is skipped (SYSTEM + USER_QUERY only).
 Other choices: ``arrival_s = timestamp / 1000``; ``hash_block_size = 512``; the request id is
 ``<file stem>:<line>``. Hash ids are scoped to one file: do not mix two Mooncake files' requests
 without remapping ids.
+
+Checks (:mod:`skv.traces.limits`): ``input_length`` and ``output_length`` at most ``MAX_TOKENS``
+(2**24), ``timestamp >= 0``, hash ids in ``[0, 2**64)`` and no more of them than the prompt has
+blocks: each an error naming ``file:line: field``. Fewer ids than whole blocks (the published
+trace has exactly ``ceil(input_length / 512)``) is one warning per file.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from skv.model import Request, SemanticType
 from skv.traces._common import (
     PathLike,
+    ShortIdsWarning,
     check_hash_ids_fit,
     iter_lines,
     parse_line,
@@ -40,6 +46,7 @@ from skv.traces._common import (
     sort_by_arrival,
     spans_to_segments,
 )
+from skv.traces.limits import HashId, TokenCount
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +57,10 @@ class MooncakeRecord(BaseModel):
     # Unknown extra keys are tolerated: upstream may add columns; we read the ones we know.
     model_config = ConfigDict(extra="ignore")
 
-    timestamp: float = Field(allow_inf_nan=False)
-    input_length: int = Field(ge=0)
-    output_length: int = Field(ge=0)
-    hash_ids: list[int]
+    timestamp: float = Field(ge=0, allow_inf_nan=False)
+    input_length: TokenCount
+    output_length: TokenCount
+    hash_ids: list[HashId]
 
 
 def load_mooncake(
@@ -66,12 +73,15 @@ def load_mooncake(
     """Read a Mooncake JSONL trace into requests sorted by arrival (see module docstring)."""
     stem = Path(path).stem
     records: list[tuple[int, MooncakeRecord]] = []
+    short = ShortIdsWarning(path)
     for lineno, line in iter_lines(path):
         rec = parse_line(MooncakeRecord, line, path, lineno, strict=True)
         check_hash_ids_fit(
             len(rec.hash_ids), rec.input_length, block_size, path, line=lineno, field="hash_ids"
         )
+        short.check(len(rec.hash_ids), rec.input_length, block_size, line=lineno, where="hash_ids")
         records.append((lineno, rec))
+    short.report()
     # stable by arrival, so "earlier request" below means earlier in time
     records.sort(key=lambda lr: lr[1].timestamp)
     counts = request_share_counts(rec.hash_ids for _, rec in records)

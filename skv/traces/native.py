@@ -13,6 +13,9 @@ Each request line holds the fields of ``Request`` (segments hold the fields of `
 fields equal to their default are omitted. Validation is strict (pydantic v2, ``extra="forbid"``,
 no type coercion), so a typo in a field name or a string where a number belongs is an error that
 names file, line and field. ``num_requests`` in the header lets a reader notice a truncated file.
+Limits (see :mod:`skv.traces.limits`): a segment, a prompt and an output hold at most
+``MAX_TOKENS`` (2**24) tokens, ``arrival_s >= 0``, hash ids in ``[0, 2**64)``; a request id seen
+twice gets one warning per file (``file:line`` of the first repeat).
 The pydantic models exist only at this file boundary; callers get plain dataclasses.
 
 Writing is atomic (temp file + ``os.replace``): a failure leaves no file, or the old one.
@@ -31,12 +34,21 @@ from pydantic_core import PydanticSerializationError
 
 from skv.fileio import atomic_write
 from skv.model import Request, Segment, SemanticType
-from skv.traces._common import PathLike, iter_lines, parse_line, sort_by_arrival
+from skv.traces._common import (
+    PathLike,
+    check_total_tokens,
+    iter_lines,
+    parse_line,
+    sort_by_arrival,
+)
 from skv.traces.errors import TraceFormatError, from_validation_error
+from skv.traces.limits import HashId, TokenCount
 
 log = logging.getLogger(__name__)
 
 SKV_TRACE_VERSION = 1
+#: a hash block of more tokens than a whole prompt may hold is a typo
+MAX_BLOCK_SIZE = 1 << 24
 
 
 class SkvHeader(BaseModel):
@@ -53,7 +65,7 @@ class SegmentRecord(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     stype: SemanticType
-    num_tokens: int = Field(ge=0)
+    num_tokens: TokenCount
     content_hash: str | None = None
     reusable: bool | None = None
     text: str | None = None
@@ -64,16 +76,16 @@ class RequestRecord(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     request_id: str
-    arrival_s: float = Field(allow_inf_nan=False)
+    arrival_s: float = Field(ge=0, allow_inf_nan=False)
     segments: list[SegmentRecord]
-    output_tokens: int = Field(default=0, ge=0)
+    output_tokens: TokenCount = 0
     session_id: str | None = None
     tenant_id: str | None = None
     turn: int | None = None
     parent_id: str | None = None
     templated: bool = False
-    hash_ids: list[int] | None = None
-    hash_block_size: int | None = Field(default=None, gt=0)
+    hash_ids: list[HashId] | None = None
+    hash_block_size: int | None = Field(default=None, gt=0, le=MAX_BLOCK_SIZE)
     observed_ttft_ms: float | None = Field(default=None, allow_inf_nan=False)
     observed_cached_tokens: int | None = Field(default=None, ge=0)
     output_hash: str | None = None
@@ -177,12 +189,33 @@ def read_skv_trace(path: PathLike) -> list[Request]:
     header: SkvHeader | None = None
     requests: list[Request] = []
     last_line = 0
+    first_line: dict[str, int] = {}
+    repeats = 0
+    first_repeat: tuple[int, str] | None = None
     for lineno, line in iter_lines(path):
         last_line = lineno
         if header is None:
             header = _parse_header(line, path, lineno)
             continue
-        requests.append(_to_request(parse_line(RequestRecord, line, path, lineno, strict=True)))
+        rec = parse_line(RequestRecord, line, path, lineno, strict=True)
+        check_total_tokens(
+            sum(s.num_tokens for s in rec.segments), path, line=lineno, field="segments"
+        )
+        if first_line.setdefault(rec.request_id, lineno) != lineno:
+            repeats += 1
+            first_repeat = first_repeat or (lineno, rec.request_id)
+        requests.append(_to_request(rec))
+    if first_repeat is not None:
+        lineno, rid = first_repeat
+        log.warning(
+            "%s:%d: request_id: %r already on line %d (%d repeated id(s) in the file; "
+            "per-request results cannot tell them apart)",
+            path,
+            lineno,
+            rid,
+            first_line[rid],
+            repeats,
+        )
     if header is None:
         raise TraceFormatError(path, "empty file (expected an skv_trace header line)")
     if header.num_requests is not None and header.num_requests != len(requests):
@@ -214,7 +247,11 @@ def write_skv_trace(
     for i, req in enumerate(reqs):
         where = f"request {i} ({getattr(req, 'request_id', '?')!r})"
         try:
-            lines.append(_to_record(req).model_dump_json(exclude_defaults=True))
+            rec = _to_record(req)
+            check_total_tokens(
+                sum(s.num_tokens for s in rec.segments), path, line=None, field=f"{where}: segments"
+            )
+            lines.append(rec.model_dump_json(exclude_defaults=True))
         except ValidationError as err:
             raise from_validation_error(err, path, prefix=f"{where}: ") from None
         except PydanticSerializationError as err:

@@ -94,6 +94,24 @@ _ELIDE_UNSAFE = ("\n", "\r", "`", "~", "<", ">", "[", "]")
 # ----------------------------------------------------------------------------------------
 # parameters
 
+#: Bounds on the sizes a config may ask for (configs are checked against them at load, so a
+#: typo such as ``num_requests: 1000000000000`` fails in milliseconds, naming the field):
+#:
+#: - ``MAX_REQUESTS``: generation keeps every request (segments, content hashes) in memory,
+#:   ~3 KB each, and the simulator adds its own state per request: 10^6 requests is a few GB and
+#:   minutes of generation, ~700x the suite's largest config (1,500).
+#: - ``MAX_MEAN_TOKENS``: a mean length above 2**20 tokens (1M) exceeds every served model's
+#:   context window; generated text is built word by word (~6 bytes a token).
+#: - ``MAX_CATALOGUE``: distinct items (documents, clauses, prompts, templates, tool sets,
+#:   tool arguments): tables of one float per item are built up front.
+#: - ``MAX_PER_REQUEST``: items one request or session takes (documents, exhibits, clauses,
+#:   tools, turns, steps, questions): beyond 1024 a prompt outgrows any context window at the
+#:   default lengths.
+MAX_REQUESTS = 1_000_000
+MAX_MEAN_TOKENS = 1 << 20
+MAX_CATALOGUE = 1_000_000
+MAX_PER_REQUEST = 1024
+
 
 class WorkloadParams(BaseModel):
     """Parameters every workload takes.
@@ -110,12 +128,15 @@ class WorkloadParams(BaseModel):
     - ``keep_text``: keep segment texts on the requests (``Segment.text``), for inspection.
     - ``tokenizer``: ``None`` / ``"simple"`` (default ``SimpleTokenizer``: the generated prose
       has exactly the requested number of tokens) or a local HuggingFace ``tokenizer.json``.
+
+    Sizes are bounded (``num_requests`` <= ``MAX_REQUESTS``, mean lengths <= ``MAX_MEAN_TOKENS``,
+    ...; reasons above the class).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     seed: int = Field(default=0, ge=0)
-    num_requests: int = Field(default=1000, ge=1)
+    num_requests: int = Field(default=1000, ge=1, le=MAX_REQUESTS)
     rate_rps: float = Field(default=10.0, gt=0, allow_inf_nan=False)
     length_sigma: float = Field(default=0.3, ge=0, le=2)
     keep_text: bool = False
@@ -123,8 +144,8 @@ class WorkloadParams(BaseModel):
 
 
 def Tokens(default: int, description: str) -> Any:
-    """A mean length in tokens (>= 1)."""
-    return Field(default=default, ge=1, description=description)
+    """A mean length in tokens (1 .. ``MAX_MEAN_TOKENS``)."""
+    return Field(default=default, ge=1, le=MAX_MEAN_TOKENS, description=description)
 
 
 def Fraction(default: float, description: str) -> Any:

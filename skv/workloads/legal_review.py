@@ -12,6 +12,8 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 
 from skv.workloads.base import (
+    MAX_CATALOGUE,
+    MAX_PER_REQUEST,
     Chat,
     Context,
     LogSpread,
@@ -43,17 +45,29 @@ def _exhibit_label(i: int) -> str:
 class LegalReviewParams(WorkloadParams):
     """Parameters of ``legal_review`` (plus those of :class:`WorkloadParams`)."""
 
-    num_system_prompts: int = Field(default=2, ge=1, description="system prompts")
+    num_system_prompts: int = Field(default=2, ge=1, le=MAX_CATALOGUE, description="system prompts")
     system_tokens: int = Tokens(400, "mean system-prompt length")
-    exhibits_per_case: int = Field(default=6, ge=1, description="exhibits of a case")
+    exhibits_per_case: int = Field(
+        default=6, ge=1, le=MAX_PER_REQUEST, description="exhibits of a case"
+    )
     exhibit_tokens: int = Tokens(1500, "mean exhibit length; each exhibit's is fixed")
-    exhibits_per_question: int = Field(default=3, ge=1, description="exhibits a question cites")
-    clause_catalogue: int = Field(default=300, ge=1, description="standard clauses (all cases)")
+    exhibits_per_question: int = Field(
+        default=3, ge=1, le=MAX_PER_REQUEST, description="exhibits a question cites"
+    )
+    clause_catalogue: int = Field(
+        default=300, ge=1, le=MAX_CATALOGUE, description="standard clauses (all cases)"
+    )
     clause_alpha: float = Field(default=1.1, ge=0, le=5, description="Zipf skew of clauses")
-    clauses_per_question: int = Field(default=2, ge=0, description="clauses a question cites")
+    clauses_per_question: int = Field(
+        default=2, ge=0, le=MAX_PER_REQUEST, description="clauses a question cites"
+    )
     clause_tokens: int = Tokens(200, "mean clause length; each clause's is fixed")
-    min_questions: int = Field(default=3, ge=1, description="fewest questions per case")
-    max_questions: int = Field(default=10, ge=1, description="most questions per case")
+    min_questions: int = Field(
+        default=3, ge=1, le=MAX_PER_REQUEST, description="fewest questions per case"
+    )
+    max_questions: int = Field(
+        default=10, ge=1, le=MAX_PER_REQUEST, description="most questions per case"
+    )
     question_tokens: int = Tokens(60, "mean question length")
     output_tokens: int = Tokens(300, "mean answer length")
     think_time_median_s: float = Seconds(30.0, "median gap between questions (s)")

@@ -16,6 +16,8 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from skv.workloads.base import (
+    MAX_CATALOGUE,
+    MAX_PER_REQUEST,
     Chat,
     Context,
     Fraction,
@@ -37,11 +39,17 @@ NAME = "multi_turn_chat"
 class ChatParams(WorkloadParams):
     """Parameters of ``multi_turn_chat`` (plus those of :class:`WorkloadParams`)."""
 
-    num_system_prompts: int = Field(default=4, ge=1, description="system prompts (per session)")
+    num_system_prompts: int = Field(
+        default=4, ge=1, le=MAX_CATALOGUE, description="system prompts (per session)"
+    )
     system_tokens: int = Tokens(300, "mean system-prompt length; each prompt's is fixed")
     single_turn_fraction: float = Fraction(0.26, "share of one-turn sessions (ShareGPT: 26%)")
-    min_turns: int = Field(default=2, ge=1, description="fewest turns of a multi-turn session")
-    max_turns: int = Field(default=8, ge=1, description="most turns of a session")
+    min_turns: int = Field(
+        default=2, ge=1, le=MAX_PER_REQUEST, description="fewest turns of a multi-turn session"
+    )
+    max_turns: int = Field(
+        default=8, ge=1, le=MAX_PER_REQUEST, description="most turns of a session"
+    )
     user_tokens: int = Tokens(80, "mean user-message length")
     answer_tokens: int = Tokens(250, "mean answer length")
     think_time_median_s: float = Seconds(9.8, "median gap between turns (s)")

@@ -11,6 +11,9 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 
 from skv.workloads.base import (
+    MAX_CATALOGUE,
+    MAX_MEAN_TOKENS,
+    MAX_PER_REQUEST,
     Chat,
     Context,
     Fraction,
@@ -30,20 +33,29 @@ NAME = "rag"
 class RagParams(WorkloadParams):
     """Parameters of ``rag`` (plus those of :class:`WorkloadParams`)."""
 
-    catalogue_size: int = Field(default=2000, ge=1, description="documents in the corpus")
+    catalogue_size: int = Field(
+        default=2000, ge=1, le=MAX_CATALOGUE, description="documents in the corpus"
+    )
     zipf_alpha: float = Field(
         default=1.0, ge=0, le=5, description="popularity skew: P(doc i) ~ 1/(i+1)**alpha"
     )
-    docs_per_request: int = Field(default=4, ge=1, description="distinct documents per request")
+    docs_per_request: int = Field(
+        default=4, ge=1, le=MAX_PER_REQUEST, description="distinct documents per request"
+    )
     doc_tokens: int = Tokens(400, "mean document length; each document's is fixed")
-    num_system_prompts: int = Field(default=8, ge=1, description="rotating system prompts")
+    num_system_prompts: int = Field(
+        default=8, ge=1, le=MAX_CATALOGUE, description="rotating system prompts"
+    )
     system_tokens: int = Tokens(512, "mean rotating system-prompt length")
     shared_prefix_fraction: float = Fraction(
         0.2, "share of requests that start with the one fixed shared prefix"
     )
     shared_prefix_tokens: int = Tokens(1024, "length of the shared prefix")
     metadata_tokens: int = Field(
-        default=0, ge=0, description="unique per-request metadata before the context (0: none)"
+        default=0,
+        ge=0,
+        le=MAX_MEAN_TOKENS,
+        description="unique per-request metadata before the context (0: none)",
     )
     question_tokens: int = Tokens(40, "mean question length (unique per request)")
     output_tokens: int = Tokens(128, "mean answer length")

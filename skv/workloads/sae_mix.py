@@ -111,6 +111,8 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from skv.workloads.base import (
+    MAX_CATALOGUE,
+    MAX_PER_REQUEST,
     Chat,
     Context,
     Fraction,
@@ -168,7 +170,9 @@ class SaeMixParams(WorkloadParams):
         le=1000,
         description="mean turns of a multi-turn conversation: 2 + geometric (chosen)",
     )
-    max_turns: int = Field(default=32, ge=2, description="cap on a conversation's turns")
+    max_turns: int = Field(
+        default=32, ge=2, le=MAX_PER_REQUEST, description="cap on a conversation's turns"
+    )
     gap_mu: float = GapMu(GAP_MU, "log-normal inter-turn gap, mu in log-seconds (paper prior)")
     gap_sigma: float = LogSpread(GAP_SIGMA, "log-normal inter-turn gap, sigma (paper prior)")
     tool_gap_mu: float | None = GapMu(None, "mu of the gap between agent steps (None: gap_mu)")
@@ -180,21 +184,30 @@ class SaeMixParams(WorkloadParams):
     )
     arrival_min_s: float = Seconds(0.02, "shortest interval between new conversations (paper)")
     arrival_max_s: float = Seconds(0.08, "longest interval between new conversations (paper)")
-    num_system_prompts: int = Field(default=4, ge=1, description="distinct system prompts")
+    num_system_prompts: int = Field(
+        default=4, ge=1, le=MAX_CATALOGUE, description="distinct system prompts"
+    )
     system_tokens: int = Tokens(300, "mean system-prompt length; each prompt's is fixed")
-    num_templates: int = Field(default=16, ge=1, description="distinct single-turn templates")
+    num_templates: int = Field(
+        default=16, ge=1, le=MAX_CATALOGUE, description="distinct single-turn templates"
+    )
     template_tokens: int = Tokens(200, "mean template length; each template's is fixed")
     template_alpha: float = Field(
         default=1.0, ge=0, le=5, description="Zipf skew of the templates' popularity"
     )
     user_tokens: int = Tokens(80, "mean user message / query / template fill / task length")
     answer_tokens: int = Tokens(250, "mean answer length (text answers)")
-    num_tool_sets: int = Field(default=4, ge=1, description="distinct tool sets (agent kinds)")
-    tools_per_set: int = Field(default=8, ge=1, description="tools in each set")
+    num_tool_sets: int = Field(
+        default=4, ge=1, le=MAX_CATALOGUE, description="distinct tool sets (agent kinds)"
+    )
+    tools_per_set: int = Field(default=8, ge=1, le=MAX_PER_REQUEST, description="tools in each set")
     tool_description_tokens: int = Tokens(40, "mean length of a tool's description")
     tool_output_tokens: int = Tokens(250, "mean tool-output length; fixed per (tool, args)")
     tool_arg_catalogue: int = Field(
-        default=1000, ge=1, description="distinct arguments each tool is called with"
+        default=1000,
+        ge=1,
+        le=MAX_CATALOGUE,
+        description="distinct arguments each tool is called with",
     )
     tool_arg_alpha: float = Field(
         default=0.9, ge=0, le=5, description="Zipf skew of the arguments (shared outputs)"

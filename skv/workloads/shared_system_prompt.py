@@ -10,6 +10,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from skv.workloads.base import (
+    MAX_CATALOGUE,
     Chat,
     Context,
     Fraction,
@@ -27,7 +28,9 @@ NAME = "shared_system_prompt"
 class SharedSystemPromptParams(WorkloadParams):
     """Parameters of ``shared_system_prompt`` (plus those of :class:`WorkloadParams`)."""
 
-    num_system_prompts: int = Field(default=4, ge=1, description="distinct system prompts")
+    num_system_prompts: int = Field(
+        default=4, ge=1, le=MAX_CATALOGUE, description="distinct system prompts"
+    )
     system_tokens: int = Tokens(2048, "mean system-prompt length; each prompt's is fixed")
     dominant_fraction: float = Fraction(
         0.7, "share of requests using prompt 0; the rest pick uniformly among the others"

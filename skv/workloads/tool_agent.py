@@ -17,6 +17,8 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from skv.workloads.base import (
+    MAX_CATALOGUE,
+    MAX_PER_REQUEST,
     Chat,
     Context,
     Fraction,
@@ -39,20 +41,29 @@ NAME = "tool_agent"
 class ToolAgentParams(WorkloadParams):
     """Parameters of ``tool_agent`` (plus those of :class:`WorkloadParams`)."""
 
-    num_tool_sets: int = Field(default=4, ge=1, description="distinct tool sets (agent kinds)")
+    num_tool_sets: int = Field(
+        default=4, ge=1, le=MAX_CATALOGUE, description="distinct tool sets (agent kinds)"
+    )
     tool_set_alpha: float = Field(
         default=1.0, ge=0, le=5, description="Zipf skew of the sessions' tool-set choice"
     )
-    tools_per_set: int = Field(default=8, ge=1, description="tools in each set")
+    tools_per_set: int = Field(default=8, ge=1, le=MAX_PER_REQUEST, description="tools in each set")
     tool_description_tokens: int = Tokens(40, "mean length of a tool's description")
-    num_system_prompts: int = Field(default=2, ge=1, description="system prompts")
+    num_system_prompts: int = Field(default=2, ge=1, le=MAX_CATALOGUE, description="system prompts")
     system_tokens: int = Tokens(600, "mean system-prompt length")
     task_tokens: int = Tokens(80, "mean length of the user's task")
-    min_steps: int = Field(default=2, ge=1, description="fewest steps (requests) per session")
-    max_steps: int = Field(default=8, ge=1, description="most steps per session")
+    min_steps: int = Field(
+        default=2, ge=1, le=MAX_PER_REQUEST, description="fewest steps (requests) per session"
+    )
+    max_steps: int = Field(
+        default=8, ge=1, le=MAX_PER_REQUEST, description="most steps per session"
+    )
     tool_output_tokens: int = Tokens(250, "mean tool-output length; fixed per (tool, args)")
     tool_arg_catalogue: int = Field(
-        default=1000, ge=1, description="distinct arguments each tool is called with"
+        default=1000,
+        ge=1,
+        le=MAX_CATALOGUE,
+        description="distinct arguments each tool is called with",
     )
     tool_arg_alpha: float = Field(
         default=0.9, ge=0, le=5, description="Zipf skew of the arguments (shared outputs)"

@@ -15,8 +15,8 @@ from typing import Any
 
 import matplotlib.ticker
 import pandas as pd
-import yaml
 from matplotlib.figure import Figure
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from skv.experiments.plotstyle import (
     DEFAULT_HIGHLIGHT,
@@ -27,31 +27,62 @@ from skv.experiments.plotstyle import (
     wrap_title,
 )
 
+#: entries of a replay config's policies and capacities (each pair is one full replay)
+MAX_REPLAY_LIST = 100
+
+
+class _ReplayFields(BaseModel):
+    """The types and bounds of a replay config's fields (the file's top level, and its
+    ``quick:`` overrides, which may set any of them but ``quick``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str | None = None
+    title: str | None = None
+    description: str | None = None
+    trace: str | None = None
+    format_options: dict[str, Any] | None = None
+    policies: list[str] | None = Field(default=None, min_length=1, max_length=MAX_REPLAY_LIST)
+    capacities: list[str] | None = Field(default=None, min_length=1, max_length=MAX_REPLAY_LIST)
+    max_requests: int | None = Field(default=None, ge=1)
+    reuse_policy: str | None = None
+    reuse_capacity: str | None = None
+    quick: dict[str, Any] | None = None
+
 
 def load_replay_config(path: str | Path, *, quick: bool) -> dict[str, Any]:
     """A replay config (``experiments/replay/*.yaml``): ``trace``, ``format_options``,
     ``policies``, ``capacities``, ``max_requests``, ``title`` (what its figure is called;
-    default: the id, humanised); its ``quick:`` mapping overrides them."""
-    from skv.experiments.config import humanise_id
+    default: the id, humanised); its ``quick:`` mapping overrides them.
 
-    data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    allowed = {
-        "id",
-        "title",
-        "description",
-        "trace",
-        "format_options",
-        "policies",
-        "capacities",
-        "max_requests",
-        "reuse_policy",
-        "reuse_capacity",
-        "quick",
-    }
+    Read by :func:`skv.experiments.config.read_yaml` (size bounds); every error is a
+    ``ConfigError`` naming the file and the field: an unknown key, a wrong type, more than
+    :data:`MAX_REPLAY_LIST` policies or capacities, a capacity that is not a share (``10%``).
+    """
+    from skv.experiments.config import ConfigError, _flatten, humanise_id, read_yaml
+
+    data = read_yaml(path, "replay config")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at top level, got {type(data).__name__}")
+    allowed = set(_ReplayFields.model_fields)
     unknown = set(data) - allowed
     if unknown:
-        raise ValueError(f"{path}: unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}")
+        raise ConfigError(f"{path}: unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}")
+    for where, part in (("", data), ("quick.", data.get("quick") or {})):
+        try:
+            if not isinstance(part, dict):
+                raise ConfigError(f"{path}: quick: expected a mapping of overrides")
+            _ReplayFields.model_validate(part)
+        except ValidationError as exc:
+            raise ConfigError(f"{path}: {_flatten(exc, where.rstrip('.'))}") from None
+        for i, cap in enumerate(part.get("capacities") or []):
+            try:
+                _share(cap)
+            except ValueError as exc:
+                raise ConfigError(f"{path}: {where}capacities[{i}]: {exc}") from None
     over = data.pop("quick", None) or {}
+    if "quick" in over:
+        raise ConfigError(f"{path}: quick.quick: a quick mapping cannot nest another")
     if quick:
         data.update(over)
     data.setdefault("format_options", {})
@@ -91,7 +122,13 @@ def _share(spec: str) -> float:
     s = str(spec).strip()
     if not s.endswith("%"):
         raise ValueError(f"capacity {spec!r}: hit-rate curves need shares like '10%'")
-    return float(s[:-1]) / 100.0
+    try:
+        share = float(s[:-1]) / 100.0
+    except ValueError:
+        raise ValueError(f"capacity {spec!r}: expected a share like '10%'") from None
+    if not 0 < share <= 1:
+        raise ValueError(f"capacity {spec!r}: a share must be in (0%, 100%]")
+    return share
 
 
 def hit_rate_vs_capacity(

@@ -13,10 +13,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import pandas as pd
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from skv.experiments.stats import interval
@@ -27,9 +26,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+#: entries of each of a sweep's gaps, seeds and policies (the sweep replays their product)
+MAX_SWEEP_LIST = 100
+#: the longest mean session gap a sweep may assume: a day
+MAX_GAP_S = 86_400.0
+
+
 class GapConfig(BaseModel):
     """``experiments/replay/claude_code_session_gap.yaml``; its ``quick:`` mapping overrides
-    fields in quick runs."""
+    fields in quick runs. Lists hold at most :data:`MAX_SWEEP_LIST` entries (the sweep replays
+    gaps x seeds x policies); gaps are in (0, :data:`MAX_GAP_S`] seconds; seeds >= 0."""
 
     model_config = ConfigDict(extra="forbid")
     id: str
@@ -37,10 +43,12 @@ class GapConfig(BaseModel):
     description: str = ""
     trace: str
     capacity: str
-    gaps_s: list[float] = Field(min_length=1)
-    assumed_gap_s: float = Field(gt=0)
-    seeds: list[int] = Field(min_length=1)
-    policies: list[str] = Field(min_length=1)
+    gaps_s: list[Annotated[float, Field(gt=0, le=MAX_GAP_S)]] = Field(
+        min_length=1, max_length=MAX_SWEEP_LIST
+    )
+    assumed_gap_s: float = Field(gt=0, le=MAX_GAP_S)
+    seeds: list[Annotated[int, Field(ge=0)]] = Field(min_length=1, max_length=MAX_SWEEP_LIST)
+    policies: list[str] = Field(min_length=1, max_length=MAX_SWEEP_LIST)
     #: replayed at the assumed gap only (an offline bound is slow and needs one point)
     bound_policy: str | None = None
     max_sessions: int | None = Field(default=None, ge=1)
@@ -48,16 +56,24 @@ class GapConfig(BaseModel):
 
 
 def load_gap_config(path: str | Path, *, quick: bool) -> GapConfig:
-    data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    """The sweep's config, read by :func:`skv.experiments.config.read_yaml` (size bounds);
+    errors are ``ConfigError`` naming the file and the field (``quick.`` for an override)."""
+    from skv.experiments.config import ConfigError, _flatten, read_yaml
+
+    data = read_yaml(path, "session-gap config") or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at top level, got {type(data).__name__}")
     try:
         cfg = GapConfig.model_validate(data)
-        if quick and cfg.quick:
-            cfg = GapConfig.model_validate({**data, **cfg.quick, "quick": {}})
     except ValidationError as exc:
-        fields = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise ValueError(f"{path}: {fields}") from None
+        raise ConfigError(f"{path}: {_flatten(exc)}") from None
+    if quick and cfg.quick:
+        try:
+            cfg = GapConfig.model_validate({**data, **cfg.quick, "quick": {}})
+        except ValidationError as exc:
+            raise ConfigError(f"{path}: quick overrides: {_flatten(exc)}") from None
     if cfg.assumed_gap_s not in cfg.gaps_s:
-        raise ValueError(f"{path}: assumed_gap_s {cfg.assumed_gap_s} must be one of gaps_s")
+        raise ConfigError(f"{path}: assumed_gap_s {cfg.assumed_gap_s} must be one of gaps_s")
     return cfg
 
 

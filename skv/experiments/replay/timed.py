@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from skv.blocks import resolve_block_size
-from skv.fileio import atomic_write
+from skv.fileio import atomic_dir, atomic_write
 from skv.latency import CalibratedFit, LatencyModel, make_latency_model
 from skv.model import Request
 from skv.replay import compile_trace, resolve_capacities, trace_totals
@@ -348,24 +348,27 @@ def _csv_cell(v: Any) -> Any:
 
 
 def write_outputs(result: TimedReplay, out_dir: Path) -> list[Path]:
-    """Every output file; returns their paths (plots included)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    """Every output file; returns their paths (plots included). All or nothing: written into a
+    staging directory that becomes ``out_dir`` at the end (:func:`skv.fileio.atomic_dir`; into
+    an existing ``out_dir``, ``replay_results.json`` arrives last)."""
+    out_dir = Path(out_dir)
     payload = _clean({"meta": result.meta, "results": result.rows})
     text = json.dumps(payload, indent=2, sort_keys=True) + "\n"
-    with atomic_write(out_dir / "replay_results.json") as f:
-        f.write(text)
-    with atomic_write(out_dir / "replay_metrics.csv") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS, lineterminator="\n", extrasaction="ignore")
-        w.writeheader()
-        for r in result.rows:
-            w.writerow({c: _csv_cell(_clean(r.get(c))) for c in CSV_COLUMNS})
-    with atomic_write(out_dir / "replay_summary.md") as f:
-        f.write(format_summary(result))
-    written = [
-        out_dir / n for n in ("replay_results.json", "replay_metrics.csv", "replay_summary.md")
-    ]
-    written += write_plots(result, out_dir)
-    return written
+    with atomic_dir(out_dir, last=("replay_results.json",)) as tmp:
+        with atomic_write(tmp / "replay_metrics.csv") as f:
+            w = csv.DictWriter(
+                f, fieldnames=CSV_COLUMNS, lineterminator="\n", extrasaction="ignore"
+            )
+            w.writeheader()
+            for r in result.rows:
+                w.writerow({c: _csv_cell(_clean(r.get(c))) for c in CSV_COLUMNS})
+        with atomic_write(tmp / "replay_summary.md") as f:
+            f.write(format_summary(result))
+        plots = [out_dir / p.relative_to(tmp) for p in write_plots(result, tmp)]
+        with atomic_write(tmp / "replay_results.json") as f:
+            f.write(text)
+    names = ("replay_results.json", "replay_metrics.csv", "replay_summary.md")
+    return [out_dir / n for n in names] + plots
 
 
 def _f(v: Any, digits: int = 2) -> str:
@@ -601,7 +604,11 @@ def run_timed(
     """
     from skv.traces import load_trace
 
-    requests = load_trace(trace, fmt)
+    try:
+        requests = load_trace(trace, fmt)
+    except KeyboardInterrupt as exc:
+        exc.add_note(f"interrupted while reading {trace}; nothing finished, nothing written")
+        raise
     if limit is not None:
         requests = requests[:limit]
     if not requests:
@@ -629,24 +636,37 @@ def run_timed(
         "limit": limit,
         "cache_token_budget": cache_token_budget,
     }
-    result = run_replay(
-        requests,
-        policies,
-        capacities,
-        latency,
-        fit=fit,
-        block_size=block_size,
-        mode=mode,
-        salt_by_tenant=salt_by_tenant,
-        replicas=replicas,
-        router=router,
-        max_batch_tokens=max_batch_tokens,
-        model_preset=model,
-        meta=meta,
-        progress=progress,
-    )
+    try:
+        result = run_replay(
+            requests,
+            policies,
+            capacities,
+            latency,
+            fit=fit,
+            block_size=block_size,
+            mode=mode,
+            salt_by_tenant=salt_by_tenant,
+            replicas=replicas,
+            router=router,
+            max_batch_tokens=max_batch_tokens,
+            model_preset=model,
+            meta=meta,
+            progress=progress,
+        )
+    except KeyboardInterrupt as exc:
+        exc.add_note(
+            "replay: interrupted during the timed replay; nothing written (results are "
+            "written whole, at the end)"
+        )
+        raise
     out = Path(output) if output else default_out_dir(name)
-    write_outputs(result, out)
+    try:
+        write_outputs(result, out)
+    except KeyboardInterrupt as exc:
+        exc.add_note(
+            f"replay: every replay done, interrupted while writing; nothing written to {out}"
+        )
+        raise
     return result, out
 
 

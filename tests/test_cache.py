@@ -9,9 +9,9 @@ from helpers import RADIX_POLICIES, check_tree, new_cache, rb, req, seg
 
 from skv.blocks import request_blocks
 from skv.cache.block import GhostEntry
+from skv.cache.policy import Policy
 from skv.cache.radix import BlockCache
 from skv.model import TYPE_INDEX, SemanticType
-from skv.policies.base import Policy
 from skv.policies.lru import LRU
 
 T = SemanticType

@@ -74,11 +74,6 @@ LAYER_NAMES = ("vocabulary", "simulator", "engines", "studies", "top")
 #: (importer, imported) -> why it is still there; ignored by every check below. Keep it short:
 #: an entry whose import is gone fails the test, so paid debt leaves the list.
 ALLOWED: dict[tuple[str, str], str] = {
-    # package cycle skv.cache <-> skv.policies: policies subclass the Policy interface and read
-    # cache.block's Block records, and the compiled BlockCache cimports Policy to call its hooks
-    # through the C vtable. Moving ``Policy`` (and its .pxd block) from policies/base.py down
-    # into skv/cache/ clears it; that file was outside this change.
-    ("skv.cache.radix", "skv.policies.base"): "Policy interface lives in policies/base.py",
     # module cycle workloads <-> workload_shift: the shift workload mixes other workloads by
     # name through the registry in workloads/__init__.py, which lists it (function-level).
     # A registry module separate from the package __init__ clears it.

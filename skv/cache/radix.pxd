@@ -1,7 +1,7 @@
 # C layout of BlockCache for the compiled hot path (see skv/_build.py); radix.py is the source.
 from skv.blocks cimport RequestBlocks
 from skv.cache.block cimport Block, Counters, GhostList, Lease, new_block, new_lease
-from skv.policies.base cimport Policy
+from skv.cache.policy cimport Policy
 
 cdef class BlockCache:
     cdef public long long capacity_blocks

@@ -32,7 +32,7 @@ from skv.cache.block import (
     new_block,
     new_lease,
 )
-from skv.policies.base import Policy
+from skv.cache.policy import Policy
 
 
 class BlockCache:

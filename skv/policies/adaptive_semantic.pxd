@@ -1,6 +1,7 @@
 from skv.blocks cimport RequestBlocks
 from skv.cache.block cimport Block
-from skv.policies.base cimport HeapEntry, KeyHeap, Policy
+from skv.cache.policy cimport Policy
+from skv.policies.base cimport HeapEntry, KeyHeap
 
 cdef class AdaptiveSemantic(Policy):
     cdef public long long _seq

@@ -42,8 +42,9 @@ from cython.cimports.libc.math import log2, pow  # C math when compiled
 
 from skv.blocks import RequestBlocks
 from skv.cache.block import Block, GhostEntry
+from skv.cache.policy import Policy
 from skv.model import NUM_TYPES, TYPES
-from skv.policies.base import HeapEntry, KeyHeap, Policy
+from skv.policies.base import HeapEntry, KeyHeap
 from skv.policies.static_semantic import resolve_weights
 
 

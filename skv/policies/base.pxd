@@ -2,17 +2,7 @@
 # base.py is the source; Python subclasses need no .pxd (they run as ordinary Python).
 from skv.blocks cimport RequestBlocks
 from skv.cache.block cimport Block
-
-cdef class Policy:
-    cpdef on_request(self, RequestBlocks rb, double now)
-    cpdef on_insert(self, Block b, double now)
-    cpdef on_hit(self, Block b, double now)
-    cpdef on_pin(self, Block b)
-    cpdef on_unpin(self, Block b, double now)
-    cpdef on_leaf(self, Block b, double now)
-    cpdef victim(self)
-    cpdef on_evict(self, Block b, double now)
-    cpdef on_ghost_hit(self, Block b, object ghost, double now)
+from skv.cache.policy cimport Policy
 
 cdef class PriorityPolicy(Policy):
     cdef public list _heap

@@ -1,5 +1,5 @@
 from skv.cache.block cimport Block
-from skv.policies.base cimport Policy
+from skv.cache.policy cimport Policy
 
 cdef class LRU(Policy):
     cdef Block _head

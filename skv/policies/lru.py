@@ -12,7 +12,7 @@ at the front is a leaf (checked, never assumed).
 from __future__ import annotations
 
 from skv.cache.block import Block
-from skv.policies.base import Policy
+from skv.cache.policy import Policy
 
 
 class LRU(Policy):

@@ -2,7 +2,8 @@
 from skv.blocks cimport RequestBlocks
 from skv.cache.block cimport Block, GhostEntry
 from skv.policies.adaptive_semantic cimport AdaptiveSemantic
-from skv.policies.base cimport HeapEntry, KeyHeap, Policy
+from skv.cache.policy cimport Policy
+from skv.policies.base cimport HeapEntry, KeyHeap
 
 cdef int _EF, _CHAT, _AGENTIC, _STRUCT
 cdef Py_ssize_t _T, _OUTPUT, _HISTORY, _TOOL_SCHEMA, _TOOL_OUTPUT

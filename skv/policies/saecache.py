@@ -111,9 +111,10 @@ from cython.cimports.libc.math import erfc, fabs, isfinite, log, log1p, pow, sqr
 
 from skv.blocks import RequestBlocks
 from skv.cache.block import Block, GhostEntry
+from skv.cache.policy import Policy
 from skv.model import NUM_TYPES, TYPE_INDEX, TYPES, SemanticType
 from skv.policies.adaptive_semantic import AdaptiveSemantic
-from skv.policies.base import HeapEntry, KeyHeap, Policy
+from skv.policies.base import HeapEntry, KeyHeap
 from skv.policies.static_semantic import resolve_weights
 
 # queue ids: the non-Structural queues' groups are ``q * NUM_TYPES + type``

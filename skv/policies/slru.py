@@ -29,7 +29,7 @@ from collections import OrderedDict
 from typing import Any
 
 from skv.cache.block import Block
-from skv.policies.base import Policy
+from skv.cache.policy import Policy
 
 
 class SLRU(Policy):

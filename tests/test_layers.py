@@ -73,12 +73,7 @@ LAYER_NAMES = ("vocabulary", "simulator", "engines", "studies", "top")
 
 #: (importer, imported) -> why it is still there; ignored by every check below. Keep it short:
 #: an entry whose import is gone fails the test, so paid debt leaves the list.
-ALLOWED: dict[tuple[str, str], str] = {
-    # module cycle workloads <-> workload_shift: the shift workload mixes other workloads by
-    # name through the registry in workloads/__init__.py, which lists it (function-level).
-    # A registry module separate from the package __init__ clears it.
-    ("skv.workloads.workload_shift", "skv.workloads"): "looks up its parts in WORKLOADS",
-}
+ALLOWED: dict[tuple[str, str], str] = {}
 
 _BY_NAME = re.compile(r"(skv(?:\.\w+)+):\w+")
 

@@ -110,6 +110,7 @@ def test_registry_has_every_workload() -> None:
         "multi_turn_chat",
         "reasoning",
         "workload_shift",
+        "zipf_rag",  # KV-Repurpose's Zipfian RAG (skv/workloads/zipf_rag.py)
         # SAE-style traffic (skv/workloads/sae_mix.py): dataset-likes and mixes
         "sharegpt_like",
         "lmsys_like",

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from skv.workloads.base import Chat, Context, WorkloadParams, stable_int
+from skv.workloads.registry import MIXABLE
 
 NAME = "workload_shift"
 
@@ -48,11 +49,10 @@ class WorkloadShiftParams(WorkloadParams):
     @field_validator("before", "after")
     @classmethod
     def _mix(cls, mix: dict[str, float]) -> dict[str, float]:
-        from skv.workloads import WORKLOADS
 
         for name, weight in mix.items():
-            if name == NAME or name not in WORKLOADS:
-                known = ", ".join(n for n in WORKLOADS if n != NAME)
+            if name == NAME or name not in MIXABLE:
+                known = ", ".join(n for n in MIXABLE if n != NAME)
                 raise ValueError(f"unknown workload {name!r} in the mix (known: {known})")
             if not weight >= 0:
                 raise ValueError(f"share of {name!r} must be >= 0, got {weight}")
@@ -62,7 +62,6 @@ class WorkloadShiftParams(WorkloadParams):
 
     @model_validator(mode="after")
     def _components(self) -> WorkloadShiftParams:
-        from skv.workloads import WORKLOADS
 
         used = set(self.before) | set(self.after)
         for name, overrides in self.component_params.items():
@@ -78,7 +77,7 @@ class WorkloadShiftParams(WorkloadParams):
                     "composition sets them"
                 )
             try:
-                WORKLOADS[name].params(**self._component(name, overrides, 0, 1, 1.0))
+                MIXABLE[name].params(**self._component(name, overrides, 0, 1, 1.0))
             except ValueError as exc:
                 raise ValueError(f"in component_params: {exc}") from None
         return self
@@ -124,7 +123,6 @@ def chats(params: WorkloadShiftParams, ctx: Context) -> list[Chat]:
       catalogue (documents, system prompts, tool sets) across the shift. Ids are prefixed with
       ``p<phase>.``; ``extra["phase"]`` and ``extra["component"]`` tag each request.
     """
-    from skv.workloads import WORKLOADS
 
     p = params
     n0 = min(p.num_requests, max(0, round(p.shift_at * p.num_requests)))
@@ -135,7 +133,7 @@ def chats(params: WorkloadShiftParams, ctx: Context) -> list[Chat]:
         for name, count in _split(n, mix).items():
             if count == 0:
                 continue
-            spec = WORKLOADS[name]
+            spec = MIXABLE[name]
             overrides = p.component_params.get(name, {})
             sub = spec.params(
                 **p._component(name, overrides, phase, count, p.rate_rps * mix[name] / total_w)

@@ -1,0 +1,312 @@
+"""``zipf_rag``: KV-Repurpose's Zipfian RAG workload, documents behind varying prefixes.
+
+Every request is ``[system prompt][history][k documents][question]``. The documents are drawn
+Zipf-popular from a fixed corpus and are the identical text (same content hash) in every request
+that retrieves them, so segment keying (``mode="segment"``) finds a document behind any prefix;
+prefix keying finds it only behind the same system prompt, the same history and the same
+documents before it. A ``fixed_prefix_fraction`` (KV-Repurpose: 20%) of requests start with one
+fixed prefix (system prompt, no history) instead of a drawn system prompt and history.
+
+How the defaults were chosen (from the setting's structure, none fitted to a hit rate):
+
+- ``fixed_prefix_fraction`` 0.2: the paper's share of requests with one fixed prefix.
+- ``corpus_size`` 10,000 documents of ``doc_tokens`` 512 (lognormal spread ``length_sigma``
+  0.5, fixed per document): a 512-token chunk is the common RAG chunk size, and a corpus of
+  about 5M tokens holds ~670 GB of Llama-3.1-8B KV, so the swept capacities (10 GB to 1 TB)
+  run from "a few hundred popular documents fit" to "the whole corpus fits".
+- ``zipf_alpha`` 1.0: Zipf's law for document popularity (the classic exponent, and the
+  ``rag`` workload's default).
+- ``docs_per_request`` 4: a typical top-k of a retriever (and ``rag``'s default).
+- ``num_system_prompts`` 8 of ``system_tokens`` 512, ``num_histories`` 32 of
+  ``history_tokens`` 256 (one earlier user/assistant exchange): the documents follow one of
+  8 x 32 = 256 distinct prefixes, a few deployed prompts times a handful of conversation
+  states each. That the prefix varies at all, not its exact count, is the structure under test;
+  the study's sensitivity figure varies it.
+- ``fixed_prefix_tokens`` 1024 (``rag``'s shared prefix), ``question_tokens`` 64,
+  ``output_tokens`` 128: short unique questions and answers, as in ``rag``.
+- ``num_requests`` 10,000: enough that the top documents recur thousands of times and the tail
+  still brings new documents at the end of the trace.
+
+:func:`prefix_ceiling` is the expected share of prompt tokens prefix keying can ever hit (an
+infinite cache), computed from these parameters.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from pydantic import Field, model_validator
+
+from skv.workloads.base import (
+    MAX_CATALOGUE,
+    MAX_PER_REQUEST,
+    Chat,
+    Context,
+    Fraction,
+    Message,
+    TextGen,
+    Tokens,
+    WorkloadParams,
+    ZipfSampler,
+    check_order,
+    draw_length,
+    poisson_arrivals,
+    rng_for,
+)
+
+NAME = "zipf_rag"
+
+
+class ZipfRagParams(WorkloadParams):
+    """Parameters of ``zipf_rag`` (plus those of :class:`WorkloadParams`)."""
+
+    num_requests: int = Field(default=10_000, ge=1, le=1_000_000)
+    length_sigma: float = Field(default=0.5, ge=0, le=2)
+    corpus_size: int = Field(
+        default=10_000, ge=1, le=MAX_CATALOGUE, description="documents in the corpus"
+    )
+    doc_tokens: int = Tokens(512, "mean document length (lognormal, fixed per document)")
+    docs_per_request: int = Field(
+        default=4, ge=1, le=MAX_PER_REQUEST, description="distinct documents per request (k)"
+    )
+    zipf_alpha: float = Field(
+        default=1.0, ge=0, le=5, description="popularity skew: P(doc i) ~ 1/(i+1)**alpha"
+    )
+    num_system_prompts: int = Field(
+        default=8, ge=1, le=MAX_CATALOGUE, description="system-prompt variants (uniform)"
+    )
+    system_tokens: int = Tokens(512, "mean system-prompt length")
+    num_histories: int = Field(
+        default=32,
+        ge=1,
+        le=MAX_CATALOGUE,
+        description="history variants (one earlier exchange) after the system prompt (uniform)",
+    )
+    history_tokens: int = Tokens(256, "mean history length (user + assistant turn)")
+    fixed_prefix_fraction: float = Fraction(
+        0.2, "share of requests that start with the one fixed prefix (no history)"
+    )
+    fixed_prefix_tokens: int = Tokens(1024, "length of the fixed prefix")
+    question_tokens: int = Tokens(64, "mean question length (unique per request)")
+    output_tokens: int = Tokens(128, "mean answer length")
+
+    @model_validator(mode="after")
+    def _docs_fit(self) -> ZipfRagParams:
+        check_order(self, "docs_per_request", "corpus_size")
+        return self
+
+
+def document(tg: TextGen, doc_id: int, p: ZipfRagParams) -> str:
+    """Document ``doc_id``: ``Document <id>: <text>``, the same string in every request."""
+    return tg.join(
+        f"Document {doc_id}:", tg.text(f"{NAME}/doc", doc_id, p.doc_tokens, p.length_sigma)
+    )
+
+
+def document_tokens(p: ZipfRagParams) -> np.ndarray:
+    """Token count of every document as :func:`document` writes it, without writing it: the
+    label's tokens plus the length :meth:`TextGen.text` draws first from the document's stream."""
+    from skv.tokenize import SimpleTokenizer
+
+    count = SimpleTokenizer().count
+    kind = f"{NAME}/doc"
+    return np.array(
+        [
+            count(f"Document {d}:")
+            + draw_length(rng_for(p.seed, kind, d), p.doc_tokens, p.length_sigma)
+            for d in range(p.corpus_size)
+        ]
+    )
+
+
+def _system(tg: TextGen, k: int, p: ZipfRagParams) -> str:
+    return tg.text(f"{NAME}/system", k, p.system_tokens, p.length_sigma)
+
+
+def _history(tg: TextGen, k: int, p: ZipfRagParams) -> tuple[str, str]:
+    n = max(2, p.history_tokens)
+    return (
+        tg.text(f"{NAME}/history_user", k, n // 2, p.length_sigma),
+        tg.text(f"{NAME}/history_assistant", k, n - n // 2, p.length_sigma),
+    )
+
+
+def chats(params: ZipfRagParams, ctx: Context) -> list[Chat]:
+    """Single-turn RAG requests, Poisson arrivals at ``rate_rps``.
+
+    Messages: with probability ``fixed_prefix_fraction`` ``[fixed system, user]``, else
+    ``[system s, user h, assistant h, user]`` with ``s`` uniform over ``num_system_prompts``
+    and ``h`` uniform over ``num_histories``. The last user message holds
+    ``docs_per_request`` distinct documents drawn Zipf(``zipf_alpha``) in draw order (popular
+    documents tend to come first, as a retriever's ranking), then ``Question: ...``.
+    ``extra``: ``doc_ids`` and ``prefix`` (``"fixed"`` or ``"s/h"``).
+    """
+    p = params
+    tg = ctx.textgen
+    rng = rng_for(p.seed, NAME, "content")
+    arrivals = poisson_arrivals(rng_for(p.seed, NAME, "arrivals"), p.num_requests, p.rate_rps)
+    zipf = ZipfSampler(p.corpus_size, p.zipf_alpha)
+    fixed = Message("system", (tg.text(f"{NAME}/fixed_prefix", 0, p.fixed_prefix_tokens),))
+    systems = [Message("system", (_system(tg, k, p),)) for k in range(p.num_system_prompts)]
+    histories: dict[int, tuple[Message, Message]] = {}
+    docs: dict[int, str] = {}
+    out = []
+    for i, t in enumerate(arrivals):
+        if rng.random() < p.fixed_prefix_fraction:
+            head, variant = [fixed], "fixed"
+        else:
+            s = int(rng.integers(0, p.num_system_prompts))
+            h = int(rng.integers(0, p.num_histories))
+            hist = histories.get(h)
+            if hist is None:
+                u, a = _history(tg, h, p)
+                hist = histories[h] = (Message("user", (u,)), Message("assistant", (a,)))
+            head, variant = [systems[s], *hist], f"{s}/{h}"
+        doc_ids = zipf.sample_distinct(rng, p.docs_per_request)
+        sections: list[str] = []
+        for d in doc_ids:
+            text = docs.get(d)
+            if text is None:
+                text = docs[d] = document(tg, d, p)
+            sections.append(text)
+        question = tg.fresh(rng, draw_length(rng, p.question_tokens, p.length_sigma))
+        sections.append(tg.join("Question:", question))
+        out.append(
+            Chat(
+                request_id=f"{ctx.id_prefix}{NAME}-{i:06d}",
+                arrival_s=ctx.time_offset_s + t,
+                messages=[*head, Message("user", tuple(sections))],
+                output_tokens=draw_length(rng, p.output_tokens, p.length_sigma),
+                extra={"doc_ids": doc_ids, "prefix": variant},
+            )
+        )
+    return out
+
+
+# ----------------------------------------------------------------------------------------
+# the structural ceiling of prefix reuse
+
+
+def _expected_repeats(q: np.ndarray, n: int) -> np.ndarray:
+    """E[max(0, X - 1)] for X ~ Binomial(n, q): requests that find a path already seen."""
+    return n * q + np.expm1(n * np.log1p(-np.minimum(q, 1 - 1e-16)))
+
+
+def _floor_block(tokens: np.ndarray | int, block_size: int) -> np.ndarray | int:
+    return (np.asarray(tokens) // block_size) * block_size
+
+
+def prefix_ceiling(
+    params: ZipfRagParams, *, block_size: int = 16, pair_docs: int = 256
+) -> dict[str, float]:
+    """Expected share of prompt tokens that prefix keying can ever hit (infinite cache).
+
+    A request hits, under prefix keying, the longest run of whole segments it shares from its
+    start with an earlier request, cut down to whole blocks (block boundaries are fixed over
+    the prompt; the block that straddles the first difference misses). The shared run is a
+    path in the tree fixed prefix / system prompt -> history -> first document -> second
+    document ...; a path node of per-request probability ``q`` is found already cached by
+    ``E[max(0, Binomial(N, q) - 1)]`` requests, and each contributes the node's tokens
+    (in whole blocks). Documents are drawn in order with ``P(first = d) = p_d`` and
+    ``P(second = e | first = d) = p_e / (1 - p_d)`` (:meth:`ZipfSampler.sample_distinct`).
+    Terms: prefix nodes and first documents exactly; second documents over the ``pair_docs``
+    most popular documents; deeper documents are left out (each path of three documents is
+    rarer than ``1 / N`` at the defaults; the test states the tolerance this leaves). Token
+    counts are the workload's own (the same seeded texts), so this is exact per seed up to
+    those truncations.
+    """
+    p = params
+    n = p.num_requests
+    tg = TextGen(p.seed)
+    from skv.tokenize import SimpleTokenizer
+
+    count = SimpleTokenizer().count
+
+    def tokens(text: str) -> int:
+        got = tg.counts.get(text)
+        return count(text) if got is None else got
+
+    fixed_len = tokens(tg.text(f"{NAME}/fixed_prefix", 0, p.fixed_prefix_tokens))
+    sys_len = np.array([tokens(_system(tg, k, p)) for k in range(p.num_system_prompts)])
+    hist_len = np.array(
+        [sum(tokens(x) for x in _history(tg, h, p)) for h in range(p.num_histories)]
+    )
+    zipf = ZipfSampler(p.corpus_size, p.zipf_alpha)
+    probs = zipf.probs
+    doc_len = document_tokens(p)
+    f = p.fixed_prefix_fraction
+    k = min(p.docs_per_request, p.corpus_size)
+
+    # expected prompt tokens per request
+    mean_doc_tokens = _expected_doc_tokens(probs, doc_len, k)
+    q_len = p.question_tokens + 1  # "Question:" label; draw_length keeps the mean
+    prompt = f * fixed_len + (1 - f) * (sys_len.mean() + hist_len.mean()) + mean_doc_tokens + q_len
+
+    bs = block_size
+    hits = 0.0
+    # prefix nodes: the fixed prefix, each system prompt, each (system prompt, history)
+    q_sys = (1 - f) / p.num_system_prompts
+    q_var = q_sys / p.num_histories
+    hits += float(_expected_repeats(np.array([f]), n)[0]) * _floor_block(fixed_len, bs)
+    hits += float(
+        (_expected_repeats(np.full(len(sys_len), q_sys), n) * _floor_block(sys_len, bs)).sum()
+    )
+    var_len = (sys_len[:, None] + hist_len[None, :]).ravel()
+    hits += float(
+        (
+            _expected_repeats(np.full(len(var_len), q_var), n)
+            * (_floor_block(var_len, bs) - np.repeat(_floor_block(sys_len, bs), p.num_histories))
+        ).sum()
+    )
+    # documents behind each prefix variant (the fixed prefix and every (s, h))
+    heads = [(f, np.array([fixed_len])), (q_var, var_len)]
+    m = min(pair_docs, p.corpus_size)
+    for q_head, lens in heads:
+        if q_head <= 0:
+            continue
+        # first document: node (head, d)
+        q1 = q_head * probs
+        rep1 = _expected_repeats(q1, n)
+        l1 = lens[:, None] + doc_len[None, :]
+        hits += float(
+            (rep1[None, :] * (_floor_block(l1, bs) - _floor_block(lens, bs)[:, None])).sum()
+        )
+        if k >= 2 and m >= 2:
+            # second document over the m most popular: node (head, d, e)
+            pd, pe = probs[:m], probs[:m]
+            q2 = q_head * pd[:, None] * pe[None, :] / (1 - pd[:, None])
+            np.fill_diagonal(q2, 0.0)
+            rep2 = _expected_repeats(q2, n)
+            np.fill_diagonal(rep2, 0.0)
+            ld = doc_len[:m]
+            for base in lens:
+                a = base + ld[:, None]
+                b = a + ld[None, :]
+                hits += float((rep2 * (_floor_block(b, bs) - _floor_block(a, bs))).sum())
+    total = n * prompt
+    return {
+        "prefix_ceiling": float(hits / total),
+        "expected_prompt_tokens": float(prompt),
+        "expected_hit_tokens": float(hits),
+    }
+
+
+def _expected_doc_tokens(probs: np.ndarray, doc_len: np.ndarray, k: int) -> float:
+    """E[tokens of k distinct Zipf documents drawn in order] (exact for k = 1, 2; the rest by
+    the inclusion probabilities of successive sampling, approximated by 1 - (1 - p)^(k')
+    with k' chosen so they sum to k)."""
+    if k >= len(probs):
+        return float(doc_len.sum())
+    # inclusion probability pi_d with sum pi_d = k: pi_d = 1 - (1 - p_d)^t, t solved by bisection
+    lo, hi = 0.0, 1.0
+    while (1 - np.power(1 - probs, hi)).sum() < k:
+        hi *= 2
+    for _ in range(100):
+        t = (lo + hi) / 2
+        if (1 - np.power(1 - probs, t)).sum() < k:
+            lo = t
+        else:
+            hi = t
+    pi = 1 - np.power(1 - probs, (lo + hi) / 2)
+    return float((pi * doc_len).sum()) if math.isfinite(lo) else float(k * doc_len.mean())

@@ -27,8 +27,10 @@ from skv.experiments.plotstyle import (
 )
 from skv.experiments.replay import capacity as C
 from skv.experiments.replay.session_gap import gap_figure
+from skv.experiments.repurpose import study as REP
 from skv.experiments.routing.study import routing_figure
 from skv.experiments.runner import PLOT_FILES, make_requests, simulate_experiment
+from skv.experiments.saecache import figures as SAE
 from skv.experiments.semantickv.figures import policy_comparison
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -137,6 +139,83 @@ def _paper_figures(docs: list[dict], curve) -> dict[str, object]:
         "fidelity_figure": fidelity_figure(fid),
         "routing_figure": routing_figure(routing),
         "gap_figure": gap_figure(_gap_sweep(), "Session gap", 30.0),
+        **_repurpose_figures(),
+        **_saecache_figures(),
+    }
+
+
+def _saecache_figures() -> dict[str, object]:
+    """The SAECache study's figures on hand-made tables (the shapes of
+    skv.experiments.saecache.numbers' rows; tests/test_saecache_study.py draws real ones)."""
+    import pandas as pd
+
+    grid = [
+        {"setting": f"{w}_{a}", "workload": w, "arrival": a, "label": f"{w}\n{a}"}
+        for w in ("Balanced", "Tool use")
+        for a in ("0.02-0.05 s", "0.05-0.08 s")
+    ]
+    series = (("saecache", "saecache", 1.2), ("best other online", "lfu", 1.1))
+    series += (("belady (offline)", "belady", 2.0),)
+    ttft = pd.DataFrame(
+        {**g, "series": name, "policy": pol, "metric": m, "value": v, "ci_low": v - 0.1}
+        | {"ci_high": v + 0.1}
+        for g in grid
+        for name, pol, v in series
+        for m in ("ttft_ms_mean", "ttft_ms_p99")
+    )
+    hit = pd.DataFrame(
+        {**g, "series": name, "policy": pol, "baseline": "adaptive_semantic", "value": v}
+        | {"ci_low": v - 0.5, "ci_high": v + 0.5}
+        for g in grid
+        for name, pol, v in (("saecache", "saecache", -0.3), ("belady (offline)", "belady", 5.0))
+    )
+    ablation = pd.DataFrame(
+        {"component": c, "ttft_pct": v, "ttft_ci_low": v - 3, "ttft_ci_high": v + 3}
+        for c, v in (("queue weights", 11.0), ("type weights", 2.0), ("position decay", -2.0))
+    )
+    mismatch = pd.DataFrame(
+        {"target": t, "fitted_on": f, "variant": k, "value": v, "ci_low": v - 0.05}
+        | {"ci_high": v + 0.05}
+        for t, o in (("tool_use", "sharegpt_like"), ("sharegpt_like", "tool_use"))
+        for k, f, v in (("matched", t, 0.99), ("mismatched", o, 1.02))
+    )
+    learned = pd.DataFrame(
+        {"time_s": float(t), "gamma": 1 / (t + 1), "w_system": 8 - t / 4, "w_user_query": 1.0}
+        | {f"alpha_{q}": 1 + t / 20 for q in ("evict_first", "chat", "agentic", "structural")}
+        | {f"{k}_{q}": 2.28 - t / 40 for k in ("mu", "sigma") for q in ("chat", "agentic")}
+        for t in range(20)
+    )
+    return {
+        "ttft_ratio_figure": SAE.ttft_ratio_figure(ttft, "TTFT speedup"),
+        "hit_vs_best_figure": SAE.hit_vs_best_figure(hit, "Hit rate"),
+        "ablation_figure": SAE.ablation_figure(ablation, mismatch, "Ablation"),
+        "learned_params_figure": SAE.learned_params_figure(learned, "Learned parameters"),
+    }
+
+
+def _repurpose_figures() -> dict[str, object]:
+    """The KV-Repurpose study's figures on hand-made sweeps (the shapes study.sweep returns;
+    tests/test_repurpose.py draws real ones)."""
+    import pandas as pd
+
+    caps = ["10GB", "30GB", "100GB", "1TB", "inf"]
+    hits = pd.DataFrame(
+        {"seed": s, "mode": m, "capacity": c, "token_hit_rate": base + 0.05 * i + 0.01 * s}
+        for s in (0, 1)
+        for m, base in (("prefix", 0.15), ("segment", 0.5))
+        for i, c in enumerate(caps)
+    )
+    ttfts = pd.DataFrame(
+        {"seed": s, "scheme": k, "capacity": c, "mean_ttft_ms": base - 5 * i + s}
+        for s in (0, 1)
+        for k, base in (("prefix", 90.0), ("naive", 50.0), ("epic", 52.0), ("cacheblend", 58.0))
+        for i, c in enumerate(caps)
+    )
+    meta = pd.DataFrame({"seed": [0, 1], "prefix_ceiling": [0.3, 0.31]})
+    meta["no_cache_ttft_ms"] = 110.0
+    return {
+        "hit_rate_figure": REP.hit_rate_figure(hits, meta, "Zipfian RAG"),
+        "ttft_figure": REP.ttft_figure(ttfts, meta, "Zipfian RAG"),
     }
 
 
@@ -177,6 +256,12 @@ def test_every_figure_function_is_covered_here():
         "fidelity_figure",
         "routing_figure",
         "gap_figure",
+        "hit_rate_figure",
+        "ttft_figure",
+        "ttft_ratio_figure",
+        "hit_vs_best_figure",
+        "ablation_figure",
+        "learned_params_figure",
     }
 
 

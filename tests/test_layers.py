@@ -15,7 +15,8 @@ layer  name         modules
                     simulation API), vllm/ (the real-engine harness): they run simulator parts
 3      studies      experiments/: the shared experiment machinery (config, runner, report,
                     figures, plotstyle, stats, notebook, engine) and one package per study
-                    (semantickv, replay, fidelity, routing); studies never import each other
+                    (semantickv, replay, fidelity, routing, saecache, repurpose); studies
+                    never import each other
 4      top          artifact/ (pipeline, claims check, paper values), cli.py
 =====  ===========  ======================================================================
 

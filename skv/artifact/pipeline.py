@@ -138,6 +138,44 @@ STEPS: dict[str, Step] = {
             needs_traces=("weka_cc",),
         ),
         Step(
+            "tab_saecache_grid",
+            "saecache",
+            "experiments/saecache/grid",
+            ("tables/saecache_grid.csv", "tables/saecache_grid.tex"),
+        ),
+        Step(
+            "fig_saecache_ttft",
+            "saecache",
+            "experiments/saecache/grid",
+            _fig("fig_saecache_ttft"),
+            depends=("tab_saecache_grid",),
+        ),
+        Step(
+            "fig_saecache_hit",
+            "saecache",
+            "experiments/saecache/grid",
+            _fig("fig_saecache_hit"),
+            depends=("tab_saecache_grid",),
+        ),
+        Step(
+            "fig_saecache_ablation",
+            "saecache",
+            "experiments/saecache/ablation",
+            _fig("fig_saecache_ablation"),
+        ),
+        Step(
+            "tab_saecache_reuse_by_type",
+            "saecache",
+            "experiments/saecache/grid",
+            ("tables/saecache_reuse_by_type.csv", "tables/saecache_reuse_by_type.tex"),
+        ),
+        Step(
+            "fig_saecache_learned_params",
+            "saecache",
+            "experiments/saecache/learned_params.yaml",
+            _fig("fig_saecache_learned_params"),
+        ),
+        Step(
             "fig_fidelity_vllm",
             "fidelity",
             "experiments/fidelity/fidelity_vllm.yaml",
@@ -150,6 +188,23 @@ STEPS: dict[str, Step] = {
             "experiments/routing/routing_vllm.yaml",
             (*_fig("fig_routing_vllm"), "tables/routing_vllm.csv", "tables/routing_vllm.tex"),
             needs_engine=True,
+        ),
+        Step(
+            "fig_repurpose_hit_rate",
+            "repurpose",
+            "experiments/repurpose/repurpose_capacity.yaml",
+            (
+                *_fig("fig_repurpose_hit_rate"),
+                "tables/repurpose_summary.csv",
+                "tables/repurpose_summary.tex",
+            ),
+        ),
+        Step(
+            "fig_repurpose_ttft",
+            "repurpose",
+            "experiments/repurpose/repurpose_capacity.yaml",
+            _fig("fig_repurpose_ttft"),
+            depends=("fig_repurpose_hit_rate",),
         ),
     )
 }

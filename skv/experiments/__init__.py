@@ -12,8 +12,10 @@ Shared by every study (this folder's modules):
 
 One package per study, named like its configs (``experiments/<study>/``) and its notebooks
 (``notebooks/<study>/``): ``semantickv`` (the SemanticKV suite), ``replay`` (real traces,
-cache-only and timed), ``fidelity`` (simulator vs one real engine), ``routing`` (routers on
-real engines). Studies import the shared modules and the layers below, never each other.
+cache-only and timed; the routing gate), ``fidelity`` (simulator vs one real engine),
+``routing`` (routers on real engines), ``saecache`` (SAECache's grid, ablation, mismatch),
+``repurpose`` (KV-Repurpose's segment vs prefix reuse). Studies import the shared modules and
+the layers below, never each other.
 """
 
 from skv.experiments.config import ConfigError, ExperimentConfig, load_config

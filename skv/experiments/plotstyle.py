@@ -104,6 +104,8 @@ POLICY_STYLES: dict[str, tuple[str, str, str]] = {
     "slru": (OKABE_ITO["sky_blue"], ">", "**"),
     "sglang_lru": (OKABE_ITO["green"], "h", "/"),
     "sglang_lfu": (OKABE_ITO["purple"], "d", "O"),
+    "saecache": (OKABE_ITO["green"], "p", "\\"),
+    "saecache_fixed": (OKABE_ITO["sky_blue"], "8", "x"),
 }
 _SPARE_COLOURS = tuple(c for k, c in OKABE_ITO.items() if k != "yellow")
 _SPARE_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "d", "p", "8")

@@ -151,8 +151,9 @@ def _trace_facts(seed: int, requests: Sequence[Request], unique: int) -> dict[st
     }
 
 
-def _sim_config(config: ExperimentConfig, policy: PolicySpec, blocks: int) -> Any:
-    """The simulator settings of one (policy, capacity) cell of the experiment."""
+def sim_config(config: ExperimentConfig, policy: PolicySpec, blocks: int) -> Any:
+    """The simulator settings of one (policy, capacity) cell of the experiment (the runner's
+    and every study's single source for this mapping)."""
     from skv.sim import SimConfig
 
     return SimConfig(
@@ -233,7 +234,7 @@ def simulate_experiment(
     timings). Wall-clock timings, if wanted, are appended to ``timings`` as log lines.
 
     Steps per seed: generate the workload trace, size every capacity against its unique
-    blocks, simulate each policy (:func:`_sim_config`), record a row (:func:`_run_row`) and,
+    blocks, simulate each policy (:func:`sim_config`), record a row (:func:`_run_row`) and,
     for the first seed, the time series (:func:`_add_series`); then aggregate over seeds."""
     from skv.latency import make_latency_model
     from skv.sim import simulate
@@ -272,7 +273,7 @@ def simulate_experiment(
                 t1 = time.perf_counter()
                 try:
                     res = simulate(
-                        requests, _sim_config(config, pol, blocks), latency, progress=progress
+                        requests, sim_config(config, pol, blocks), latency, progress=progress
                     )
                 except RuntimeError as exc:  # e.g. a request larger than the whole cache
                     raise ValueError(

@@ -103,9 +103,14 @@ def simulate_cell(
     would (same requests, capacity and simulator settings); returns the
     :class:`skv.sim.SimResult`, whose ``policy_series`` holds every logged ``metrics()`` row
     (every ``metrics_every`` finished requests; default: the config's)."""
-    from skv.experiments.runner import make_requests, unique_prompt_blocks, workload_params
+    from skv.experiments.runner import (
+        make_requests,
+        sim_config,
+        unique_prompt_blocks,
+        workload_params,
+    )
     from skv.latency import make_latency_model
-    from skv.sim import SimConfig, simulate
+    from skv.sim import simulate
     from skv.sizing import Capacity
 
     specs = {p.key: p for p in config.policies}
@@ -118,22 +123,9 @@ def simulate_cell(
         unique_blocks=unique_prompt_blocks(requests, config),
         model=config.model,
     )
-    sim = SimConfig(
-        policy=spec.name,
-        policy_params=dict(spec.params),
-        capacity_blocks=blocks,
-        block_size=config.block_size,
-        mode=config.keying,
-        salt_by_tenant=config.salt_by_tenant,
-        replicas=config.replicas.count,
-        router=config.replicas.router,
-        router_params=dict(config.replicas.router_params),
-        max_batch_tokens=config.batch.max_batch_tokens,
-        max_running=config.batch.max_running,
-        include_output_blocks=config.include_output_blocks,
-        sample_every_s=config.sample_every_s,
-        policy_metrics_every=metrics_every or config.policy_metrics_every,
-    )
+    sim = sim_config(config, spec, blocks)
+    if metrics_every:
+        sim.policy_metrics_every = metrics_every
     latency = make_latency_model(config.latency.name, **config.latency.params)
     return simulate(requests, sim, latency)
 

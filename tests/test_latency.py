@@ -24,7 +24,7 @@ from skv.latency import (
 )
 from skv.model import SemanticType
 
-DECODE_HEAVY = Iteration(decode_contexts=(2000,) * 32)
+DECODE_HEAVY = Iteration.with_decodes(decode_contexts=(2000,) * 32)
 PREFILL_HEAVY = Iteration(prefill=(PrefillChunk(4096, 0),))
 
 
@@ -41,7 +41,9 @@ def all_models() -> list[LatencyModel]:
 
 
 def test_iteration_helpers_count_tokens_and_sequences():
-    it = Iteration(prefill=(PrefillChunk(100, 50), PrefillChunk(30)), decode_contexts=(10, 20, 5))
+    it = Iteration.with_decodes(
+        prefill=(PrefillChunk(100, 50), PrefillChunk(30)), decode_contexts=(10, 20, 5)
+    )
     assert it.prefill_tokens == 130
     assert it.prefill_context_tokens == 50
     assert it.decode_seqs == 3
@@ -56,7 +58,41 @@ def test_negative_token_counts_are_rejected():
     with pytest.raises(ValueError, match="must be >= 0"):
         PrefillChunk(1, -5)
     with pytest.raises(ValueError, match="decode_contexts"):
-        Iteration(decode_contexts=(3, -1))
+        Iteration.with_decodes(decode_contexts=(3, -1))
+    with pytest.raises(ValueError, match="both must be >= 0"):
+        Iteration(decode_seqs=-1)
+    with pytest.raises(ValueError, match="both must be >= 0"):
+        Iteration(decode_seqs=2, decode_context_tokens=-1)
+    with pytest.raises(ValueError, match="without decoding requests"):
+        Iteration(decode_context_tokens=5)
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        LinearLatency(base_ttft_ms=3.0, token_latency_ms=0.1, decode_ms_per_seq=0.7),
+        CalibratedLatency(
+            base_ms=2.0, ms_per_uncached_token=0.05, ms_per_cached_token=0.01, decode_ms_per_seq=0.3
+        ),
+        RooflineLatency(),
+        RooflineLatency(model="llama-3.3-70b-fp8", gpu="H100", tp=4),
+    ],
+    ids=["linear", "calibrated", "roofline", "roofline-70b-tp4"],
+)
+@pytest.mark.parametrize("seqs,context", [(1, 0), (1, 5), (8, 8_000), (200, 3_000_000)])
+def test_decode_ms_is_the_price_of_a_decode_only_iteration(model, seqs, context):
+    """The simulator prices runs of decode-only iterations with ``decode_ms``: it must equal
+    ``iteration_ms`` bit for bit (the results must not depend on which path priced a step)."""
+    contexts = [context // seqs] * seqs
+    contexts[0] += context - sum(contexts)
+    it = Iteration.with_decodes(decode_contexts=contexts)
+    assert model.decode_ms(seqs, context) == model.iteration_ms(it)
+    # a run of them: each iteration's context grows by one token per request
+    want, t = [], 12.5
+    for i in range(40):
+        t = t + model.iteration_ms(Iteration((), seqs, context + i * seqs)) / 1000.0
+        want.append(t)
+    assert model.decode_run_ends(seqs, context, 40, 12.5) == want
 
 
 #: TTFT of 700 uncached tokens after 300 cached ones, by hand from each of ``all_models()``'s
@@ -96,9 +132,13 @@ def test_ttft_is_a_lone_prefill_worked_out_by_hand(model: LatencyModel, expected
 @pytest.mark.parametrize("model", all_models(), ids=lambda m: m.name)
 def test_iteration_time_grows_with_prefill_tokens_and_decode_seqs(model: LatencyModel):
     # big enough steps that the roofline leaves its memory-bound floor
-    small = Iteration(prefill=(PrefillChunk(512, 0),), decode_contexts=(1000,) * 4)
-    more_prefill = Iteration(prefill=(PrefillChunk(8192, 0),), decode_contexts=(1000,) * 4)
-    more_decode = Iteration(prefill=(PrefillChunk(512, 0),), decode_contexts=(1000,) * 1024)
+    small = Iteration.with_decodes(prefill=(PrefillChunk(512, 0),), decode_contexts=(1000,) * 4)
+    more_prefill = Iteration.with_decodes(
+        prefill=(PrefillChunk(8192, 0),), decode_contexts=(1000,) * 4
+    )
+    more_decode = Iteration.with_decodes(
+        prefill=(PrefillChunk(512, 0),), decode_contexts=(1000,) * 1024
+    )
     assert model.iteration_ms(more_prefill) > model.iteration_ms(small)
     assert model.iteration_ms(more_decode) > model.iteration_ms(small)
 
@@ -123,7 +163,9 @@ def test_linear_ttft_is_the_seed_formula_exactly():
 
 def test_linear_iteration_adds_prefill_tokens_and_decode_seqs():
     m = LinearLatency(base_ttft_ms=20.0, token_latency_ms=0.05, decode_ms_per_seq=0.2)
-    it = Iteration(prefill=(PrefillChunk(100, 900), PrefillChunk(300)), decode_contexts=(5,) * 10)
+    it = Iteration.with_decodes(
+        prefill=(PrefillChunk(100, 900), PrefillChunk(300)), decode_contexts=(5,) * 10
+    )
     assert m.iteration_ms(it) == pytest.approx(20.0 + 0.05 * 400 + 0.2 * 10)
     assert m.iteration_ms(Iteration()) == 20.0
 
@@ -164,8 +206,8 @@ def test_roofline_attention_cost_grows_with_context():
     assert long["compute_ms"] > short["compute_ms"]
     assert m.ttft_ms(512, 32_000) > m.ttft_ms(512, 0)
     # a decode over a long context reads more KV than over a short one
-    assert m.iteration_ms(Iteration(decode_contexts=(100_000,) * 8)) > m.iteration_ms(
-        Iteration(decode_contexts=(100,) * 8)
+    assert m.iteration_ms(Iteration.with_decodes(decode_contexts=(100_000,) * 8)) > m.iteration_ms(
+        Iteration.with_decodes(decode_contexts=(100,) * 8)
     )
     # a cache hit still beats recomputing those tokens
     assert m.ttft_ms(512, 32_000) < m.ttft_ms(32_512, 0)
@@ -275,7 +317,7 @@ def test_calibrated_model_reproduces_fitted_ttfts():
         assert m.ttft_ms(int(u), int(c)) == pytest.approx(want, rel=1e-9)
     assert m.decode_ms_per_seq == f.ms_per_uncached_token  # documented default
     assert f.to_model(decode_ms_per_seq=0.3).iteration_ms(
-        Iteration(decode_contexts=(10,) * 10)
+        Iteration.with_decodes(decode_contexts=(10,) * 10)
     ) == pytest.approx(f.base_ms + 3.0)
     assert m.describe()["fit"]["r2"] == f.r2
 

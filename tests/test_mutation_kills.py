@@ -394,7 +394,9 @@ def test_lone_prefill_and_ttft_default_to_no_cached_context():
     assert Iteration.lone_prefill(8) == Iteration(prefill=(PrefillChunk(8, 0),))
     m = RooflineLatency()
     assert m.ttft_ms(512) == m.iteration_ms(Iteration(prefill=(PrefillChunk(512, 0),)))
-    assert Iteration(decode_contexts=(0, 3)).decode_seqs == 2  # a zero context is valid
+    assert (
+        Iteration.with_decodes(decode_contexts=(0, 3)).decode_seqs == 2
+    )  # a zero context is valid
     with pytest.raises(ValueError, match=r"PrefillChunk\(tokens=-1, context_before=0\): both"):
         PrefillChunk(-1)
 

@@ -35,13 +35,15 @@ def test_a_decode_batch_is_memory_bound_and_costs_weights_plus_kv_reads():
     total  = 10.488337... + 0 (tp 1) + 1 = 11.488337... ms
     """
     m = RooflineLatency(model="llama-3.1-8b", gpu="A100")
-    b = m.breakdown(Iteration(decode_contexts=(1000,) * 8))
+    b = m.breakdown(Iteration.with_decodes(decode_contexts=(1000,) * 8))
     compute = 1.32674304e11 / (312e12 * 0.5) * 1e3
     memory = 1.7108576e10 / (2039e9 * 0.8) * 1e3
     assert b["compute_ms"] == approx(compute)
     assert b["memory_ms"] == approx(memory)
     assert b["comm_ms"] == 0.0 and b["bound"] == "memory"
-    assert m.iteration_ms(Iteration(decode_contexts=(1000,) * 8)) == approx(memory + 1.0)
+    assert m.iteration_ms(Iteration.with_decodes(decode_contexts=(1000,) * 8)) == approx(
+        memory + 1.0
+    )
     assert memory + 1.0 == pytest.approx(11.48833742, rel=1e-9)
 
 
@@ -85,7 +87,7 @@ def test_a_mixed_tensor_parallel_step_adds_the_all_reduces():
     total  = 34.645489 + 3.044734 + 1 = 38.690223... ms
     """
     m = RooflineLatency(model="llama-3.1-8b", gpu="H100", tp=2)
-    it = Iteration(prefill=(PrefillChunk(2048, 0),), decode_contexts=(4096,) * 16)
+    it = Iteration.with_decodes(prefill=(PrefillChunk(2048, 0),), decode_contexts=(4096,) * 16)
     b = m.breakdown(it)
     compute = 3.4281711366144e13 / (2 * 989.5e12 * 0.5) * 1e3
     memory = 2.4918370048e10 / (2 * 3350e9 * 0.8) * 1e3
@@ -112,7 +114,7 @@ def test_a_tp4_fp8_decode_uses_the_fp8_peak_and_splits_the_weights():
     total  = 7.587446 + 1.879620 + 1 = 10.467066... ms
     """
     m = RooflineLatency(model="llama-3.3-70b-fp8", gpu="H100", tp=4)
-    it = Iteration(decode_contexts=(2048,) * 32)
+    it = Iteration.with_decodes(decode_contexts=(2048,) * 32)
     b = m.breakdown(it)
     compute = 4.69019869184e12 / (4 * 1979e12 * 0.5) * 1e3
     memory = 8.133741824e10 / (4 * 3350e9 * 0.8) * 1e3

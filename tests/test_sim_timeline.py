@@ -41,15 +41,20 @@ LINEAR = LinearLatency(base_ttft_ms=10.0, token_latency_ms=0.1, decode_ms_per_se
 
 @dataclass
 class Recorder(LatencyModel):
-    """Prices iterations with ``inner`` and keeps every ``Iteration`` the simulator built."""
+    """Prices iterations with ``inner``; ``run`` logs every iteration the simulator ran (its
+    ``on_iteration`` hook) into ``log``, with its start and end in ``times`` (ms)."""
 
     name: ClassVar[str] = "recorder"
     inner: LatencyModel
     log: list[Iteration] = field(default_factory=list)
+    times: list[tuple[float, float]] = field(default_factory=list)
 
     def iteration_ms(self, it: Iteration) -> float:
-        self.log.append(it)
         return self.inner.iteration_ms(it)
+
+    def record(self, replica: int, start_s: float, end_s: float, it: Iteration) -> None:
+        self.log.append(it)
+        self.times.append((start_s * 1e3, end_s * 1e3))
 
     def describe(self) -> dict[str, Any]:
         return self.inner.describe()
@@ -62,7 +67,8 @@ def request(rid: str, arrival_ms: float, *segments: tuple[T, int, str], out: int
 
 def run(requests: list[Request], model: LatencyModel, **config: Any):
     cfg = SimConfig(policy="lru", capacity_blocks=64, block_size=16, **config)
-    res = simulate(requests, cfg, model, progress=False)
+    hook = model.record if isinstance(model, Recorder) else None
+    res = simulate(requests, cfg, model, progress=False, on_iteration=hook)
     return {r["request_id"]: r for r in res.requests}, res.summary
 
 
@@ -78,7 +84,7 @@ def check(row: dict[str, Any], queue: float, ttft: float, tpot: float | None, e2
 
 def it(prefill: Sequence[tuple[int, int]] = (), decode: Sequence[int] = ()) -> Iteration:
     """An iteration from (tokens, context_before) chunks and decode contexts."""
-    return Iteration(tuple(PrefillChunk(t, c) for t, c in prefill), tuple(decode))
+    return Iteration.with_decodes(tuple(PrefillChunk(t, c) for t, c in prefill), tuple(decode))
 
 
 def test_fcfs_queues_behind_max_running_and_chunks_under_the_budget():

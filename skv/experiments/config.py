@@ -210,11 +210,19 @@ class LatencySpec(_Strict):
 
 
 class ReplicaSpec(_Strict):
-    """How many replicas serve the workload and which router spreads requests over them."""
+    """How many replicas serve the workload and which router spreads requests over them.
+
+    ``view``: what a cache-aware router reads as a replica's cache (:mod:`skv.sim.routers`):
+    ``exact`` (default: the replica's own cache, an idealised router) or ``approximate`` (the
+    router's own LRU of the prompts it routed there, as the router service keeps; ``precise``
+    always reads the exact cache). ``cache_blocks``: the approximate cache per replica in blocks
+    (default: the replica's cache capacity)."""
 
     count: int = Field(default=1, ge=1, le=64)
     router: str = "round_robin"
     router_params: dict[str, Any] = Field(default_factory=dict)
+    view: str = "exact"
+    cache_blocks: int | None = Field(default=None, ge=1)
 
     @field_validator("router")
     @classmethod
@@ -222,6 +230,13 @@ class ReplicaSpec(_Strict):
         from skv.routing import ROUTERS
 
         return _known(router, ROUTERS, "router")
+
+    @field_validator("view")
+    @classmethod
+    def _known_view(cls, view: str) -> str:
+        from skv.sim.routers import VIEWS
+
+        return _known(view, VIEWS, "router view")
 
     @model_validator(mode="after")
     def _router_params_accepted(self) -> ReplicaSpec:

@@ -171,6 +171,8 @@ def sim_config(config: ExperimentConfig, policy: PolicySpec, blocks: int) -> Any
         include_output_blocks=config.include_output_blocks,
         sample_every_s=config.sample_every_s,
         policy_metrics_every=config.policy_metrics_every,
+        router_view=config.replicas.view,
+        router_cache_blocks=config.replicas.cache_blocks,
     )
 
 

@@ -14,6 +14,7 @@ say "TTFT simulated by <model>" next to the numbers it reports.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -43,17 +44,38 @@ class PrefillChunk:
 class Iteration:
     """One engine step: prefill chunks plus one decoded token per running request.
 
-    ``decode_contexts[i]`` is the context length (KV tokens attended) of the i-th decoding
-    request. Invariant: every entry is >= 0; an iteration may be empty (the models then return
-    their fixed per-iteration cost).
+    Decodes are kept as two sums, ``decode_seqs`` (requests decoding one token) and
+    ``decode_context_tokens`` (KV tokens they attend, summed): every latency model prices
+    decodes by these sums alone, and the simulator keeps them as running totals, so pricing a
+    step costs O(prefill chunks), not O(batch). :meth:`with_decodes` builds one from per-request
+    contexts. Invariant: both sums are >= 0 and a context sum needs decoding requests; an
+    iteration may be empty (the models then return their fixed per-iteration cost).
     """
 
     prefill: tuple[PrefillChunk, ...] = ()
-    decode_contexts: tuple[int, ...] = ()
+    decode_seqs: int = 0
+    decode_context_tokens: int = 0
 
     def __post_init__(self) -> None:
-        if any(c < 0 for c in self.decode_contexts):
-            raise ValueError(f"decode_contexts must be >= 0, got {self.decode_contexts}")
+        if self.decode_seqs < 0 or self.decode_context_tokens < 0:
+            raise ValueError(
+                f"Iteration(decode_seqs={self.decode_seqs}, decode_context_tokens="
+                f"{self.decode_context_tokens}): both must be >= 0"
+            )
+        if self.decode_context_tokens and not self.decode_seqs:
+            raise ValueError(
+                f"Iteration: decode_context_tokens={self.decode_context_tokens} without "
+                "decoding requests (decode_seqs=0)"
+            )
+
+    @classmethod
+    def with_decodes(
+        cls, prefill: tuple[PrefillChunk, ...] = (), decode_contexts: Sequence[int] = ()
+    ) -> Iteration:
+        """An iteration from the context length of each decoding request."""
+        if any(c < 0 for c in decode_contexts):
+            raise ValueError(f"decode_contexts must be >= 0, got {tuple(decode_contexts)}")
+        return cls(tuple(prefill), len(decode_contexts), sum(decode_contexts))
 
     @classmethod
     def lone_prefill(cls, tokens: int, context_before: int = 0) -> Iteration:
@@ -71,23 +93,13 @@ class Iteration:
         return sum(c.context_before for c in self.prefill)
 
     @property
-    def decode_seqs(self) -> int:
-        """Requests decoding one token this iteration."""
-        return len(self.decode_contexts)
-
-    @property
-    def decode_context_tokens(self) -> int:
-        """KV tokens attended by the decode tokens, summed over requests."""
-        return sum(self.decode_contexts)
-
-    @property
     def batch_tokens(self) -> int:
         """Tokens that pass through the weights: prefill tokens plus one per decode."""
         return self.prefill_tokens + self.decode_seqs
 
     @property
     def is_empty(self) -> bool:
-        return not self.prefill and not self.decode_contexts
+        return not self.prefill and not self.decode_seqs
 
 
 class LatencyModel(ABC):
@@ -107,6 +119,23 @@ class LatencyModel(ABC):
     @abstractmethod
     def describe(self) -> dict[str, Any]:
         """``{"model": name, "formula": str, "constants": {...}}``; JSON-serialisable."""
+
+    def decode_ms(self, seqs: int, context_tokens: int) -> float:
+        """``iteration_ms`` of a decode-only iteration (the simulator's fast path for runs of
+        them); a model may override it with the same arithmetic, never a different value."""
+        return self.iteration_ms(Iteration((), seqs, context_tokens))
+
+    def decode_run_ends(self, seqs: int, context_tokens: int, count: int, start_s: float) -> list:
+        """End times (s) of ``count`` decode-only iterations back to back from ``start_s``, the
+        decode context growing by ``seqs`` tokens per iteration: ``t = t + decode_ms / 1000``,
+        exactly as the simulator advances one iteration at a time."""
+        ends = []
+        t = start_s
+        for _ in range(count):
+            t = t + self.decode_ms(seqs, context_tokens) / 1000.0
+            ends.append(t)
+            context_tokens += seqs
+        return ends
 
     def ttft_ms(self, uncached_tokens: int, cached_tokens: int = 0) -> float:
         """No-queueing TTFT: a lone prefill of ``uncached_tokens`` after ``cached_tokens`` hits."""

@@ -82,7 +82,7 @@ class CalibratedLatency(LatencyModel):
             self.base_ms
             + self.ms_per_uncached_token * prefill_tokens
             + self.ms_per_cached_token * context
-            + self.decode_ms_per_seq * len(it.decode_contexts)  # type: ignore[operator]
+            + self.decode_ms_per_seq * it.decode_seqs  # type: ignore[operator]
         )
 
     def describe(self) -> dict[str, Any]:

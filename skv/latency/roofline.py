@@ -139,13 +139,42 @@ class RooflineLatency(LatencyModel):
         for c in it.prefill:
             pairs += c.tokens * (c.context_before + c.tokens / 2)
             kv_read += c.context_before + c.tokens
-        decode_ctx = sum(it.decode_contexts)
-        tokens = it.prefill_tokens + len(it.decode_contexts)
+        decode_ctx = it.decode_context_tokens
+        tokens = it.prefill_tokens + it.decode_seqs
         p = self._preset
         flops = 2.0 * p.num_params * tokens + self._attn_flops_per_pair * (pairs + decode_ctx)
         nbytes = self._weight_bytes + p.kv_bytes_per_token * (kv_read + decode_ctx)
         comm_ms = self._comm_fixed_ms + self._comm_ms_per_token * tokens if tokens else 0.0
         return flops / self._flops_per_ms, nbytes / self._bytes_per_ms, comm_ms
+
+    def decode_ms(self, seqs: int, context_tokens: int) -> float:
+        """``iteration_ms`` of a decode-only iteration, term for term as :meth:`_terms`."""
+        p = self._preset
+        flops = 2.0 * p.num_params * seqs + self._attn_flops_per_pair * context_tokens
+        nbytes = self._weight_bytes + p.kv_bytes_per_token * context_tokens
+        comm_ms = self._comm_fixed_ms + self._comm_ms_per_token * seqs if seqs else 0.0
+        compute_ms, memory_ms = flops / self._flops_per_ms, nbytes / self._bytes_per_ms
+        return max(compute_ms, memory_ms) + comm_ms + self.overhead_ms
+
+    def decode_run_ends(self, seqs: int, context_tokens: int, count: int, start_s: float) -> list:
+        """:meth:`decode_ms`'s arithmetic inlined into the loop (same operations, same order, so
+        the same floats): the simulator's hottest loop in decode-heavy runs."""
+        p = self._preset
+        two_p_d = 2.0 * p.num_params * seqs
+        attn, weights, kv = self._attn_flops_per_pair, self._weight_bytes, p.kv_bytes_per_token
+        fpm, bpm, over = self._flops_per_ms, self._bytes_per_ms, self.overhead_ms
+        comm_ms = self._comm_fixed_ms + self._comm_ms_per_token * seqs if seqs else 0.0
+        ends = []
+        t = start_s
+        ctx = context_tokens
+        for _ in range(count):
+            compute_ms = (two_p_d + attn * ctx) / fpm
+            memory_ms = (weights + kv * ctx) / bpm
+            step_ms = (compute_ms if compute_ms >= memory_ms else memory_ms) + comm_ms + over
+            t = t + step_ms / 1000.0
+            ends.append(t)
+            ctx += seqs
+        return ends
 
     def breakdown(self, it: Iteration) -> dict[str, float | str]:
         """The terms of ``iteration_ms`` and which roof binds (``bound``: compute or memory)."""

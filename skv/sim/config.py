@@ -24,3 +24,18 @@ class SimConfig:
     include_output_blocks: bool = True
     sample_every_s: float = 1.0
     policy_metrics_every: int = 100
+    #: what a cache-aware router reads as a replica's cache (:mod:`skv.sim.routers`): "exact"
+    #: (the replica's own cache, an idealised router) or "approximate" (the router's own LRU of
+    #: the prompts it routed there, as the router service keeps); ``precise`` is always exact
+    router_view: str = "exact"
+    #: the approximate view's cache per replica, in blocks (None: ``capacity_blocks``)
+    router_cache_blocks: int | None = None
+
+    def __post_init__(self) -> None:
+        from skv.sim.routers import check_view
+
+        check_view(self.router_view)
+        if self.router_cache_blocks is not None and self.router_cache_blocks < 1:
+            raise ValueError(
+                f"router_cache_blocks must be >= 1 or None, got {self.router_cache_blocks}"
+            )

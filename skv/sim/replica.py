@@ -6,10 +6,17 @@ admission order. Admission is FCFS and waits (head of line) while the cache cann
 request's uncached blocks next to the blocks pinned by running requests. A request holds its
 prompt blocks (pinned) from admission to completion; its generated output grows its blocks
 (type ``output``) when it finishes, so a later turn that quotes the answer can hit it.
+
+Decoding costs O(1) per iteration, not O(batch): ``max_running <= max_batch_tokens`` (vLLM
+requires the same), so every decoding request decodes in every iteration; its token count is
+implied by the iteration it started decoding in, the decoders' context lengths are kept as one
+running sum, and the iteration each one finishes in is known when it starts decoding (a heap).
+Per iteration the replica touches only the requests in prefill and the ones finishing.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +28,10 @@ from skv.model import Request
 
 @dataclass(slots=True)
 class RequestState:
-    """A request on its way through a replica; times in seconds of simulated time."""
+    """A request on its way through a replica; times in seconds of simulated time.
+
+    ``generated`` is exact at the first token (1) and at the end (``output_target``); while the
+    request decodes it stays 1 and the replica derives the count from ``decode_from``."""
 
     index: int
     request: Request
@@ -38,7 +48,8 @@ class RequestState:
     first_token_s: float | None = None
     finished_s: float | None = None
     chunk: int = 0  # prefill tokens scheduled in the current iteration
-    decoding: bool = False  # decodes a token in the current iteration
+    seq: int = 0  # admission order on its replica
+    decode_from: int = 0  # the replica iteration that produced the first token
     ext_rb: RequestBlocks | None = None  # prompt + answer blocks (see engine._plan_output_blocks)
     ext_start: int = 0
 
@@ -57,24 +68,46 @@ class RequestState:
 
 @dataclass
 class Replica:
+    """One replica's queue, batch and cache. ``iterations`` counts completed iterations;
+    ``decoding`` and ``decode_context`` are the next iteration's decode sums."""
+
     index: int
     cache: Any
     max_batch_tokens: int
     max_running: int
     waiting: deque[RequestState] = field(default_factory=deque)
-    running: list[RequestState] = field(default_factory=list)
+    prefilling: list[RequestState] = field(default_factory=list)  # admission order
+    running: int = 0  # requests admitted and not finished (prefilling + decoding)
+    decoding: int = 0
+    decode_context: int = 0
     busy: bool = False
     iterations: int = 0
+    _finishes: list[tuple[int, int, RequestState]] = field(default_factory=list)
+    _chunked: int = 0  # the first _chunked prefilling requests have a chunk planned
+    _admitted: int = 0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_running <= self.max_batch_tokens:
+            raise ValueError(
+                f"need 1 <= max_running <= max_batch_tokens (every running request must be "
+                f"able to decode in one iteration, as vLLM requires), got max_running="
+                f"{self.max_running}, max_batch_tokens={self.max_batch_tokens}"
+            )
 
     @property
     def load(self) -> int:
-        return len(self.waiting) + len(self.running)
+        return len(self.waiting) + self.running
+
+    @property
+    def next_finish(self) -> int | None:
+        """The iteration number in which the next decoding request finishes (None: none)."""
+        return self._finishes[0][0] if self._finishes else None
 
     def admit(self, now: float) -> list[RequestState]:
         """Move waiting requests to running while the batch and the cache have room."""
         admitted = []
         cache = self.cache
-        while self.waiting and len(self.running) < self.max_running:
+        while self.waiting and self.running < self.max_running:
             st = self.waiting[0]
             rb = st.rb
             needed = rb.num_blocks - cache.lookup(rb)
@@ -89,48 +122,83 @@ class Replica:
             st.cached_tokens = max(0, min(lease.hit_tokens, st.prompt_tokens - 1))
             st.hit_blocks = lease.hit_blocks
             st.prefill_total = st.prompt_tokens - st.cached_tokens
-            self.running.append(st)
+            st.seq = self._admitted
+            self._admitted += 1
+            self.prefilling.append(st)
+            self.running += 1
             admitted.append(st)
         return admitted
 
     def plan(self) -> Iteration | None:
         """This iteration's work: one decode token per decoding request, then prefill chunks."""
-        budget = self.max_batch_tokens
-        decode = []
-        for st in self.running:
-            st.chunk = 0
-            st.decoding = not st.in_prefill and budget > 0
-            if st.decoding:
-                decode.append(st.prompt_tokens + st.generated)
-                budget -= 1
-        prefill = []
-        for st in self.running:
-            if st.in_prefill and budget > 0:
-                st.chunk = min(st.prefill_total - st.prefilled, budget)
-                budget -= st.chunk
-                prefill.append(PrefillChunk(st.chunk, st.cached_tokens + st.prefilled))
-        if not decode and not prefill:
+        budget = self.max_batch_tokens - self.decoding
+        chunks = []
+        for st in self.prefilling:
+            if budget <= 0:
+                break
+            st.chunk = min(st.prefill_total - st.prefilled, budget)
+            budget -= st.chunk
+            chunks.append(PrefillChunk(st.chunk, st.cached_tokens + st.prefilled))
+        self._chunked = len(chunks)
+        if not chunks and not self.decoding:
             return None
-        return Iteration(tuple(prefill), tuple(decode))
+        return Iteration(tuple(chunks), self.decoding, self.decode_context)
 
     def advance(self, now: float) -> list[RequestState]:
-        """Apply the planned iteration, ending at ``now``; returns the requests that finished."""
-        done = []
-        for st in self.running:
-            if st.chunk:
-                st.prefilled += st.chunk
-                if not st.in_prefill:  # the iteration that ends prefill samples the first token
-                    st.first_token_s = now
-                    st.generated = 1
-            elif st.decoding:
-                st.generated += 1
-            st.chunk = 0
-            st.decoding = False
-            if st.first_token_s is not None and st.generated >= st.output_target:
-                st.finished_s = now
-                done.append(st)
-        if done:
-            finished = {id(st) for st in done}
-            self.running = [st for st in self.running if id(st) not in finished]
+        """Apply the planned iteration, ending at ``now``; returns the requests that finished
+        (admission order)."""
         self.iterations += 1
+        j = self.iterations
+        self.decode_context += self.decoding  # every decoder generated one more token
+        done = []
+        fin = self._finishes
+        while fin and fin[0][0] == j:
+            st = heapq.heappop(fin)[2]
+            st.generated = st.output_target
+            st.finished_s = now
+            self.decoding -= 1
+            self.decode_context -= st.prompt_tokens + st.generated
+            done.append(st)
+        if self._chunked:
+            chunked = self.prefilling[: self._chunked]
+            del self.prefilling[: self._chunked]
+            still = []
+            for st in chunked:
+                st.prefilled += st.chunk
+                st.chunk = 0
+                if st.prefilled < st.prefill_total:
+                    still.append(st)
+                    continue
+                # the iteration that ends prefill samples the first token
+                st.first_token_s = now
+                st.generated = 1
+                if st.output_target <= 1:
+                    st.finished_s = now
+                    done.append(st)
+                else:
+                    st.decode_from = j
+                    self.decoding += 1
+                    self.decode_context += st.prompt_tokens + 1
+                    heapq.heappush(fin, (j + st.output_target - 1, st.seq, st))
+            self.prefilling[:0] = still
+            self._chunked = 0
+        if done:
+            self.running -= len(done)
+            if len(done) > 1:
+                done.sort(key=_by_seq)
         return done
+
+    def skip_decodes(self, count: int) -> None:
+        """Apply ``count`` decode-only iterations in which nobody finishes (the engine's fast
+        path): only the iteration count and the decode context move."""
+        if count <= 0:
+            return
+        nxt = self.next_finish
+        if self.prefilling or (nxt is not None and nxt <= self.iterations + count):
+            raise RuntimeError("skip_decodes: a prefill or a finish inside the skipped run")
+        self.iterations += count
+        self.decode_context += count * self.decoding
+
+
+def _by_seq(st: RequestState) -> int:
+    return st.seq

@@ -1,10 +1,21 @@
 """The simulator's side of routing: each replica seen through a router's ``ReplicaView``.
 
-The routers themselves live in :mod:`skv.routing` (re-exported here). In the simulator a
-replica's ``match`` reads its exact cache, so the locality routers are idealised routers: they
-know precisely what every replica holds (a deployed router keeps an approximate view, as the
-router service does). ``load`` is the replica's queued plus running requests; ``routed`` the
-requests routed there so far.
+The routers themselves live in :mod:`skv.routing` (re-exported here). What a cache-aware router
+reads as a replica's ``match`` depends on the view (``SimConfig.router_view``):
+
+- ``"exact"`` (the default; every result before views existed used it): :class:`ExactCacheView`,
+  ``match`` = the replica's exact cache lookup. The locality routers are then idealised
+  routers: they know precisely what every replica holds, evictions included.
+- ``"approximate"``: :class:`ApproximateView`, ``match`` = the router's own per-replica skv
+  ``lru`` cache of the prompts it routed there (``SimConfig.router_cache_blocks`` blocks, default
+  the replica's cache capacity), updated at routing time. This is what the router service
+  (:mod:`skv.services.router`) keeps, so the router can believe a prefix is cached that the
+  replica has evicted (or, with a smaller cache, forget one the replica still holds), and it
+  never sees answers (output blocks) the replica caches.
+
+``precise`` always gets the exact view: it models KV-cache events, which report what the
+engine really holds. For both views ``load`` is the replica's queued plus running requests and
+``routed`` the requests routed there so far.
 """
 
 from __future__ import annotations
@@ -13,16 +24,37 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from skv.routing import ROUTERS, Ranking, Router, make_router
+from skv.routing.precise import Precise
 
 if TYPE_CHECKING:
     from skv.blocks import RequestBlocks
     from skv.sim.replica import Replica
 
-__all__ = ["ROUTERS", "ExactCacheView", "Ranking", "Router", "SimRouting", "make_router"]
+__all__ = [
+    "ROUTERS",
+    "VIEWS",
+    "ApproximateView",
+    "ExactCacheView",
+    "Ranking",
+    "Router",
+    "SimRouting",
+    "make_router",
+]
+
+#: the router views the simulator offers (``SimConfig.router_view``); the first is the default
+VIEWS: tuple[str, ...] = ("exact", "approximate")
+
+
+def check_view(view: str) -> str:
+    """``view`` if it names a router view; ValueError naming the allowed ones otherwise."""
+    if view not in VIEWS:
+        raise ValueError(f"unknown router view {view!r}; allowed: {', '.join(VIEWS)}")
+    return view
 
 
 class ExactCacheView:
-    """One simulated replica as a router sees it (live: reads the replica at each call)."""
+    """One simulated replica as an idealised router sees it (live: reads the replica at each
+    call); ``match`` is the replica's exact cache lookup."""
 
     def __init__(self, replica: Replica) -> None:
         self.replica = replica
@@ -35,16 +67,71 @@ class ExactCacheView:
     def match(self, rb: RequestBlocks) -> float:
         return float(self.replica.cache.lookup(rb))
 
+    def record(self, rb: RequestBlocks) -> None:
+        """A request was routed here: the exact view learns nothing (it reads the replica)."""
+
+
+class ApproximateView(ExactCacheView):
+    """One simulated replica as a deployed router sees it: ``load`` and ``routed`` as
+    :class:`ExactCacheView`, ``match`` from the router's own ``lru`` cache of ``cache_blocks``
+    blocks (default: the replica's cache capacity) holding the prompts routed here.
+
+    Like the router service's approximate cache, each routed prompt is inserted by ``access``
+    (acquire then release at once) at a logical clock that counts the insertions; unlike the
+    service (which inserts when the answer ends), the simulator inserts at routing time."""
+
+    def __init__(self, replica: Replica, cache_blocks: int | None = None) -> None:
+        from skv.policies.registry import make_cache
+
+        super().__init__(replica)
+        blocks = replica.cache.capacity_blocks if cache_blocks is None else cache_blocks
+        self.cache = make_cache("lru", blocks)
+        self._clock = 0
+
+    def match(self, rb: RequestBlocks) -> float:
+        return float(self.cache.lookup(rb))
+
+    def record(self, rb: RequestBlocks) -> None:
+        """Insert the prompt routed here into the router's cache (its most recent entry)."""
+        if rb.keys:
+            self._clock += 1
+            self.cache.access(rb, float(self._clock))
+
 
 class SimRouting:
     """One router over the simulated replicas: ``choose`` takes the ranking's first replica
-    and counts the request as routed there."""
+    and counts the request as routed there.
 
-    def __init__(self, name: str, params: dict[str, Any], replicas: Sequence[Replica]) -> None:
+    ``view``: ``"exact"`` (default) or ``"approximate"`` (module docstring); ``cache_blocks``:
+    the approximate cache's size per replica (None: the replica's cache capacity). ``precise``
+    gets the exact view whatever ``view`` says (KV events report the engine's real cache).
+    Cache-blind routers (``cache_aware`` False) never read ``match``, so their approximate
+    views are not updated (no cost, same routing)."""
+
+    def __init__(
+        self,
+        name: str,
+        params: dict[str, Any],
+        replicas: Sequence[Replica],
+        view: str = "exact",
+        cache_blocks: int | None = None,
+    ) -> None:
+        check_view(view)
+        if cache_blocks is not None and cache_blocks < 1:
+            raise ValueError(f"router cache_blocks must be >= 1 or None, got {cache_blocks}")
         self.router = make_router(name, **params)
-        self.views = [ExactCacheView(r) for r in replicas]
+        self.view = "exact" if isinstance(self.router, Precise) else view
+        self.views: list[ExactCacheView]
+        if self.view == "approximate":
+            self.views = [ApproximateView(r, cache_blocks) for r in replicas]
+        else:
+            self.views = [ExactCacheView(r) for r in replicas]
+        self._record = self.view == "approximate" and self.router.cache_aware
 
     def choose(self, rb: RequestBlocks) -> int:
         k = self.router.rank(rb, self.views).first
-        self.views[k].routed += 1
+        view = self.views[k]
+        view.routed += 1
+        if self._record:
+            view.record(rb)
         return k

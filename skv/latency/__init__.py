@@ -12,6 +12,7 @@ Every simulated result should carry ``model.describe()`` so it can say which mod
 from __future__ import annotations
 
 import inspect
+import numbers
 from typing import Any
 
 from skv.latency.base import Iteration, LatencyModel, PrefillChunk
@@ -56,7 +57,21 @@ def make_latency_model(name: str, **params: Any) -> LatencyModel:
         raise ValueError(
             f"latency model {name!r}: missing required parameter(s) {', '.join(missing)}{hint}"
         )
+    for key, value in params.items():
+        _check_type(name, key, value, accepted[key])
     return cls(**params)
+
+
+def _check_type(model: str, key: str, value: Any, default: Any) -> None:
+    """A parameter must have its default's kind: a number for a numeric default, a name (or a
+    preset object) for a string default; otherwise a ValueError naming it (not a TypeError or
+    AttributeError from deep inside the model)."""
+    plain = (type(None), bool, int, float, str, list, tuple, dict)
+    if isinstance(default, int | float) and not isinstance(default, bool):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise ValueError(f"latency model {model!r}: {key} must be a number, got {value!r}")
+    elif isinstance(default, str) and not isinstance(value, str) and isinstance(value, plain):
+        raise ValueError(f"latency model {model!r}: {key} must be a name, got {value!r}")
 
 
 def _model_class(name: str) -> type[LatencyModel]:

@@ -7,7 +7,9 @@ arguments, same behaviour). Every server binds 127.0.0.1 unless ``--host`` says 
 Flags override the corresponding ``SKV_*`` environment variables. Every server refuses request
 bodies over ``--max-body-bytes`` (``SKV_MAX_BODY_BYTES``, default 4 MiB) with 413; the proxy
 and router take ``--connect-timeout`` / ``--first-byte-timeout`` / ``--timeout`` (total) for
-their upstream calls (defaults 5 / 60 / 600 s; see ``skv.services.relay.Timeouts``).
+their upstream calls (defaults 5 / 60 / 600 s; see ``skv.services.relay.Timeouts``) and
+``--tenant-isolation`` (``SKV_TENANT_ISOLATION``, default off: per-tenant router scoring and
+each tenant's vLLM ``cache_salt`` on forwarded bodies; see ``skv.services.tenancy``).
 """
 
 from __future__ import annotations
@@ -66,6 +68,20 @@ def _timeout_args(p: argparse.ArgumentParser, env: str) -> None:
     )  # fmt: skip
 
 
+def _isolation_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--tenant-isolation", action=argparse.BooleanOptionalAction, default=None,
+        help="isolate tenants (X-Tenant-ID): forward each tenant's cache_salt, score routing "
+        "per tenant (SKV_TENANT_ISOLATION, default off; salts keyed by SKV_TENANT_SALT_SECRET)",
+    )  # fmt: skip
+
+
+def _set_isolation(cfg: Any, args: argparse.Namespace) -> None:
+    """``--tenant-isolation`` / ``--no-tenant-isolation`` override the env's setting."""
+    if args.tenant_isolation is not None:
+        cfg.tenant_isolation = args.tenant_isolation
+
+
 def _max_body(args: argparse.Namespace) -> int:
     return args.max_body_bytes if args.max_body_bytes is not None else max_body_bytes_from_env()
 
@@ -98,6 +114,7 @@ def _proxy_args(p: argparse.ArgumentParser) -> None:
         help="store no prompt/response text (SKV_REDACT_TEXT, default true)",
     )  # fmt: skip
     _timeout_args(p, "SKV_PROXY")
+    _isolation_arg(p)
 
 
 def _router_args(p: argparse.ArgumentParser) -> None:
@@ -114,6 +131,7 @@ def _router_args(p: argparse.ArgumentParser) -> None:
         help="precise: comma-separated KV-event ZMQ endpoints, one per replica (SKV_KV_EVENTS)",
     )
     p.add_argument("--kv-events-topic", default=None, help="SKV_KV_EVENTS_TOPIC (kv-events)")
+    _isolation_arg(p)
 
 
 def _sim_api_args(p: argparse.ArgumentParser) -> None:
@@ -164,9 +182,11 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     if args.redact is not None:
         cfg.redact_text = args.redact
     _set_timeouts(cfg, args)
+    _set_isolation(cfg, args)
     cfg.max_body_bytes = _max_body(args)
     app = create_app(cfg)
-    print(f"proxy -> {cfg.upstream_base_url}; trace: {app.state.writer.path}")
+    iso = "; tenant isolation on" if cfg.tenant_isolation else ""
+    print(f"proxy -> {cfg.upstream_base_url}; trace: {app.state.writer.path}{iso}")
     return _uvicorn_run(app, args.host, args.port)
 
 
@@ -193,8 +213,10 @@ def cmd_router(args: argparse.Namespace) -> int:
         os.environ["SKV_KV_EVENTS_TOPIC"] = args.kv_events_topic
     cfg = RouterConfig.from_env()
     _set_timeouts(cfg, args)
+    _set_isolation(cfg, args)
     cfg.max_body_bytes = _max_body(args)
-    print(f"router ({cfg.policy}) over {', '.join(cfg.replicas)}")
+    iso = "; tenant isolation on" if cfg.tenant_isolation else ""
+    print(f"router ({cfg.policy}) over {', '.join(cfg.replicas)}{iso}")
     return _uvicorn_run(create_app(cfg), args.host, args.port)
 
 

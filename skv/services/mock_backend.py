@@ -3,7 +3,10 @@
 ``POST /v1/chat/completions`` and ``POST /v1/completions`` (streaming SSE and not) segment the
 prompt, key its blocks by exact prefix (vLLM-style), look them up in one skv cache (``lru`` by
 default; hits pinned, misses cached) and answer with a deterministic text seeded by the prompt.
-``usage.prompt_tokens_details.cached_tokens`` reports the hit tokens like vLLM does. The TTFT
+``usage.prompt_tokens_details.cached_tokens`` reports the hit tokens like vLLM does. A
+``cache_salt`` (a non-empty string, else 400, as in vLLM) salts the prompt's block chain as
+vLLM does (:mod:`skv.blocks` ``salt_by_tenant``): requests with different salts never share
+cached blocks, so tenant isolation can be tested on the mock. The TTFT
 is SIMULATED by the latency model (``linear`` by default); the server actually waits
 ``time_scale * ttft`` before the first token (``time_scale=0``: answer at once) and
 ``time_scale * itl_ms`` between tokens. A non-standard ``skv_mock`` object in each response
@@ -155,13 +158,18 @@ class MockEngine:
             "request_failure": 0,
         }
 
-    def process(self, segments: Sequence[Any], max_tokens: int | None) -> MockResult:
+    def process(
+        self, segments: Sequence[Any], max_tokens: int | None, salt: str | None = None
+    ) -> MockResult:
+        """One prompt through the cache; ``salt`` (vLLM's ``cache_salt``) isolates its chain."""
         cfg = self.config
         with self._lock:
             idx = self.calls
             self.calls += 1
-            req = SkvRequest(f"mock-{idx}", float(idx), list(segments))
-            rb = request_blocks(req, cfg.block_size, "prefix", index=idx)
+            req = SkvRequest(f"mock-{idx}", float(idx), list(segments), tenant_id=salt)
+            rb = request_blocks(
+                req, cfg.block_size, "prefix", index=idx, salt_by_tenant=salt is not None
+            )
             lease = self.cache.access(rb, float(idx))
             prompt = req.prompt_tokens
             cached = max(0, min(int(lease.hit_tokens), prompt))
@@ -231,9 +239,12 @@ def prompt_segments(engine: MockEngine, body: dict[str, Any], chat: bool) -> lis
 
 def run_prompt(engine: MockEngine, body: dict[str, Any], chat: bool) -> MockResult:
     """Segment the body and look it up in the cache (CPU work: called in a worker thread)."""
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise ValueError("'cache_salt' must be a non-empty string if provided")
     segments = prompt_segments(engine, body, chat)
     max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
-    return engine.process(segments, int(max_tokens) if isinstance(max_tokens, int) else None)
+    return engine.process(segments, int(max_tokens) if isinstance(max_tokens, int) else None, salt)
 
 
 def token_ids(engine: MockEngine, body: dict[str, Any]) -> list[int]:

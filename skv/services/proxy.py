@@ -18,6 +18,10 @@ Configuration (env; the ``skv proxy`` CLI sets the same fields):
   (default 60: response headers, a non-streaming answer's whole wait, and the longest silence
   inside a stream), ``SKV_PROXY_TIMEOUT_SECONDS`` (default 600: arrival to last byte)
 - ``SKV_MAX_BODY_BYTES`` (default 4 MiB; larger request bodies get 413)
+- ``SKV_TENANT_ISOLATION`` (default false) and ``SKV_TENANT_SALT_SECRET``: with isolation on,
+  every forwarded body carries the tenant's vLLM ``cache_salt`` (replacing the client's; see
+  :mod:`skv.services.tenancy`) and a request without ``X-Tenant-ID`` is recorded under the
+  default tenant; off, bodies are forwarded as sent
 
 Headers: ``X-Session-ID`` / ``X-Tenant-ID`` go to the record's ``session_id`` / ``tenant_id``;
 ``X-Request-ID`` names the record (else a fresh id). Records of one session are linked through
@@ -93,6 +97,13 @@ from .relay import (
     open_upstream,
     relay_response,
 )
+from .tenancy import (
+    cache_salt,
+    isolation_from_env,
+    salt_secret_from_env,
+    tenant_of,
+    with_cache_salt,
+)
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +123,8 @@ class ProxyConfig:
     tokenizer: str | None = None
     trace_name: str | None = None  # file stem; default proxy-<stamp>
     meta: dict[str, Any] = field(default_factory=dict)
+    tenant_isolation: bool = False  # forward each tenant's cache_salt (skv.services.tenancy)
+    tenant_salt_secret: str | None = None  # HMAC key of the salts (None: a public constant)
 
     @classmethod
     def from_env(cls) -> ProxyConfig:
@@ -129,6 +142,8 @@ class ProxyConfig:
             ),
             max_body_bytes=max_body_bytes_from_env(),
             tokenizer=env_str("SKV_TOKENIZER"),
+            tenant_isolation=isolation_from_env(),
+            tenant_salt_secret=salt_secret_from_env(),
         )
 
     @property
@@ -161,6 +176,7 @@ class TraceWriter:
                 "(non-streaming: to the whole answer); extra.total_latency_ms: to the last byte",
                 "cached_tokens": "the upstream's usage.prompt_tokens_details.cached_tokens, as a "
                 "fraction of its prompt_tokens applied to this record's prompt (raw: extra)",
+                **({"tenant_isolation": True} if cfg.tenant_isolation else {}),
                 **cfg.meta,
             },
         }
@@ -312,13 +328,20 @@ def create_app(
         try:
             headers = forward_headers(request.headers)
             payload, added_usage = with_usage(body)
+            if cfg.tenant_isolation:
+                salt = cache_salt(tenant_of(request.headers), cfg.tenant_salt_secret)
+                payload = with_cache_salt(payload, salt)
             content = encode_json(payload)
             segments = await run_in_threadpool(segment_body, segmenter, body, chat)
         except ValueError as exc:
             return openai_error(400, f"cannot forward the request: {exc}", "invalid_request_error")
         rid = request.headers.get("x-request-id") or f"req-{uuid.uuid4().hex[:16]}"
         session = request.headers.get("x-session-id")
-        tenant = request.headers.get("x-tenant-id")
+        tenant = (
+            tenant_of(request.headers)
+            if cfg.tenant_isolation
+            else request.headers.get("x-tenant-id")
+        )
         outcome = Outcome(upstream=base)
         recorded = False
 

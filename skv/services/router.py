@@ -36,6 +36,15 @@ for ``cooldown_s``. A 4xx answer is the client's doing: passed on, the replica s
 Every decision is one JSONL line in ``SKV_ROUTING_OUTPUT_DIR``
 (``outputs/routing/routing-<stamp>.jsonl``): chosen replica, scores, in-flight counts, attempts.
 
+Tenant isolation (``SKV_TENANT_ISOLATION``, ``--tenant-isolation``; default off; see
+:mod:`skv.services.tenancy`): the tenant is ``X-Tenant-ID`` (none: ``default``). The router
+never scores a tenant's request against another tenant's cache state: the approximate caches
+key blocks with the tenant's salt, exactly as :mod:`skv.blocks` does for ``salt_by_tenant``
+(one tenant's blocks are never another's keys), and ``precise`` counts only blocks the tenant
+owns on a replica (:class:`skv.services.tenant_index.TenantKVIndex`). Every forwarded body
+carries the tenant's ``cache_salt`` (replacing the client's), so the engines isolate too.
+Off: bodies are forwarded as sent and all tenants share the caches, as before.
+
 Invariant: a replica's in-flight count goes up once per attempt and down exactly once, however
 the attempt ends (answered, failed over, client gone, cancelled, a bug): ``Dispatcher.attempt``
 releases it in ``finally`` unless the relay's completion callback has taken it over.
@@ -51,7 +60,8 @@ Env: ``SKV_REPLICAS`` (comma-separated base URLs), ``SKV_ROUTING_POLICY`` (defau
 (request bodies over it get 413; default 4 MiB),
 ``SKV_ROUTER_CACHE_TOKENS`` (approximate cache per replica, default 50000), ``SKV_KV_EVENTS``
 (``precise``: comma-separated ZMQ endpoints, e.g. ``ipc:///tmp/r0.sock``), ``SKV_KV_EVENTS_TOPIC``
-(default ``kv-events``), ``SKV_KV_BLOCK_SIZE`` (block size until the events report it).
+(default ``kv-events``), ``SKV_KV_BLOCK_SIZE`` (block size until the events report it),
+``SKV_TENANT_ISOLATION`` (default false), ``SKV_TENANT_SALT_SECRET`` (the salts' HMAC key).
 """
 
 from __future__ import annotations
@@ -106,6 +116,15 @@ from .relay import (
     open_upstream,
     relay_response,
 )
+from .tenancy import (
+    DEFAULT_TENANT,
+    cache_salt,
+    isolation_from_env,
+    salt_secret_from_env,
+    tenant_of,
+    with_cache_salt,
+)
+from .tenant_index import TenantKVIndex
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +151,8 @@ class RouterConfig:
     kv_events: list[str] = field(default_factory=list)  # precise: one endpoint per replica
     kv_events_topic: str = "kv-events"
     kv_block_size: int | None = None  # precise: until the events report the engine's
+    tenant_isolation: bool = False  # per-tenant scoring and cache_salt (skv.services.tenancy)
+    tenant_salt_secret: str | None = None  # HMAC key of the salts (None: a public constant)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -173,6 +194,8 @@ class RouterConfig:
             kv_events=(env_str("SKV_KV_EVENTS", "") or "").split(","),
             kv_events_topic=env_str("SKV_KV_EVENTS_TOPIC", "kv-events") or "kv-events",
             kv_block_size=int(env_float("SKV_KV_BLOCK_SIZE", 0)) or None,
+            tenant_isolation=isolation_from_env(),
+            tenant_salt_secret=salt_secret_from_env(),
         )
 
 
@@ -201,8 +224,10 @@ class RouterState:
         from skv.vllm.kv_events import KVIndex
 
         self.cfg = cfg
-        #: precise: what each replica's engine reports (fed by KV-event subscribers)
-        self.index = KVIndex(block_size=cfg.kv_block_size) if cfg.policy == "precise" else None
+        #: precise: what each replica's engine reports (fed by KV-event subscribers); under
+        #: isolation also which tenant owns which blocks there
+        index_class = TenantKVIndex if cfg.tenant_isolation else KVIndex
+        self.index = index_class(block_size=cfg.kv_block_size) if cfg.policy == "precise" else None
         n = len(cfg.replicas)
         self.in_flight = [0] * n
         self.routed = [0] * n
@@ -218,37 +243,51 @@ class RouterState:
         self._clock = 0
         self._lock = threading.Lock()
 
-    def blocks(self, segments: list[Any], session: str | None) -> RequestBlocks:
+    def blocks(
+        self, segments: list[Any], session: str | None, tenant: str | None = None
+    ) -> RequestBlocks:
         """``arrival_s``: this process's monotonic clock (routers that plan per period, like
-        ``cacheroute``, read time from the request)."""
-        req = SkvRequest("route", time.monotonic(), list(segments), session_id=session)
-        return request_blocks(req, self.cfg.block_size, "prefix")
+        ``cacheroute``, read time from the request). Under isolation the keys carry the
+        tenant's salt (``salt_by_tenant``): no key of one tenant equals a key of another."""
+        isolate = self.cfg.tenant_isolation
+        req = SkvRequest(
+            "route", time.monotonic(), list(segments), session_id=session,
+            tenant_id=(tenant or DEFAULT_TENANT) if isolate else None,
+        )  # fmt: skip
+        return request_blocks(req, self.cfg.block_size, "prefix", salt_by_tenant=isolate)
 
     def healthy_first(self) -> list[int]:
         """Replica indices, those not cooling down after a failure first."""
         now = time.monotonic()
         return sorted(range(len(self.cfg.replicas)), key=lambda i: self.down_until[i] > now)
 
-    def views(self, tokens: list[int] | None = None) -> list[FixedView]:
+    def views(self, tokens: list[int] | None = None, tenant: str | None = None) -> list[FixedView]:
         """What the router reads per replica (call under the lock): in-flight load, requests
         routed, and the match: the approximate cache, or (``precise``) the leading full engine
-        blocks of ``tokens`` the replica's engine reports as cached (none without tokens)."""
+        blocks of ``tokens`` the replica's engine reports as cached (none without tokens);
+        under isolation only those ``tenant`` owns there."""
         n = len(self.cfg.replicas)
         if self.index is None:
             lookups = [cache.lookup for cache in self.caches]
         else:
-            held = self.index.token_overlaps(tokens) if tokens else {}
+            if not tokens:
+                held = {}
+            elif isinstance(self.index, TenantKVIndex):
+                held = self.index.tenant_overlaps(tokens, tenant or DEFAULT_TENANT)
+            else:
+                held = self.index.token_overlaps(tokens)
             lookups = [_constant(float(held.get(i, 0))) for i in range(n)]
         return [FixedView(self.in_flight[i], self.routed[i], lookups[i]) for i in range(n)]
 
     def candidates(
-        self, rb: RequestBlocks, tokens: list[int] | None = None
+        self, rb: RequestBlocks, tokens: list[int] | None = None, tenant: str | None = None
     ) -> tuple[list[int], list[float] | None, str]:
         """Replicas in the order to try them (the router's ranking, healthy replicas before
         those cooling down after a failure), the scores used, and why the first was chosen.
-        ``tokens``: the prompt's engine token ids (``precise`` only)."""
+        ``tokens``: the prompt's engine token ids (``precise`` only); ``tenant``: whose cache
+        state counts (isolation only)."""
         with self._lock:
-            ranking = self.router.rank(rb, self.views(tokens))
+            ranking = self.router.rank(rb, self.views(tokens, tenant))
             now = time.monotonic()
             cooling = {i for i in ranking.order if self.down_until[i] > now}
             order = [i for i in ranking.order if i not in cooling]
@@ -465,6 +504,9 @@ class _Call:
     deadline: float  # same clock: the last byte, all attempts together
     decision: dict[str, Any]  # the decision-log line, completed when the request ends
     logged: bool = False  # one line per request, however it ends
+    tenant: str | None = None  # isolation: whose cache state the request counts against
+    tokens: list[int] | None = None  # precise: the prompt's engine token ids
+    stamp: int | None = None  # precise + isolation: the TenantKVIndex stamp of the request
 
     @property
     def attempts(self) -> list[dict[str, Any]]:
@@ -475,8 +517,9 @@ class Dispatcher:
     """The router's request path, in named steps: :meth:`blocks` (segment, in a worker
     thread), :meth:`rank` (health ordering), :meth:`attempt` (forward to one replica),
     :meth:`attempt_failed` (failover bookkeeping), :meth:`give_up` (every replica failed),
-    :meth:`done` (an answer ended); :meth:`handle` strings them together. The decision log gets
-    one line per request (:meth:`log`)."""
+    :meth:`done` (an answer ended; ``precise`` under isolation: :meth:`claim` the served
+    blocks for the tenant); :meth:`handle` strings them together. The decision log gets one
+    line per request (:meth:`log`), which also lets go of an unclaimed index stamp."""
 
     def __init__(
         self,
@@ -489,17 +532,19 @@ class Dispatcher:
         self.timeouts = cfg.timeouts
         self.segmenter = Segmenter(cfg.tokenizer, redact=True)
 
-    def blocks(self, body: dict[str, Any], chat: bool, session: str | None) -> RequestBlocks:
+    def blocks(
+        self, body: dict[str, Any], chat: bool, session: str | None, tenant: str | None = None
+    ) -> RequestBlocks:
         """The request's prefix-keyed blocks (CPU work: called in a worker thread)."""
         segments = request_segments(self.segmenter, body, chat, self.cfg.block_size)
-        return self.state.blocks(segments, session)
+        return self.state.blocks(segments, session, tenant)
 
     async def rank(
-        self, body: dict[str, Any], chat: bool, rb: RequestBlocks
-    ) -> tuple[list[int], list[float] | None, str, dict[str, Any]]:
+        self, body: dict[str, Any], chat: bool, rb: RequestBlocks, tenant: str | None = None
+    ) -> tuple[list[int], list[float] | None, str, dict[str, Any], list[int] | None]:
         """Health ordering: the replicas to try, best first (healthy before those cooling down),
-        the scores, why the first; ``precise`` first asks a replica's ``/tokenize`` (healthy
-        first) for the prompt's token ids and reports that step."""
+        the scores, why the first, the step report, the prompt's engine tokens; ``precise``
+        first asks a replica's ``/tokenize`` (healthy first) for the token ids."""
         tokens: list[int] | None = None
         precise: dict[str, Any] = {}
         if self.state.index is not None:
@@ -510,10 +555,12 @@ class Dispatcher:
                        "tokenize_ms": round((time.perf_counter() - t0) * 1e3, 3)}  # fmt: skip
             if why:
                 precise["tokenize_error"] = why
-        order, scores, reason = self.state.candidates(rb, tokens)
-        return order, scores, reason, precise
+        order, scores, reason = self.state.candidates(rb, tokens, tenant)
+        return order, scores, reason, precise, tokens
 
     def log(self, call: _Call, chosen: int | None, outcome: Outcome | None) -> None:
+        """The request ended (once): its decision line; an unclaimed stamp is let go."""
+        self.end(call)
         if not call.logged:
             call.logged = True
             record_decision(call.decision, self.cfg.replicas, chosen, outcome, self.log_out)
@@ -523,15 +570,16 @@ class Dispatcher:
         request: Request,
         endpoint: str,
         rb: RequestBlocks,
-        ranking: tuple[list[int], list[float] | None, str, dict[str, Any]],
+        ranking: tuple[list[int], list[float] | None, str, dict[str, Any], list[int] | None],
+        tenant: str | None = None,
     ) -> dict[str, Any]:
         """The decision-log line as routing starts (outcome fields come at the end)."""
-        _order, scores, reason, precise = ranking
+        _order, scores, reason, precise, _tokens = ranking
         return {
             "ts": round(time.time(), 3),
             "request_id": request.headers.get("x-request-id") or f"req-{uuid.uuid4().hex[:16]}",
             "session_id": request.headers.get("x-session-id"),
-            "tenant_id": request.headers.get("x-tenant-id"),
+            "tenant_id": tenant if tenant is not None else request.headers.get("x-tenant-id"),
             "endpoint": endpoint,
             "policy": self.cfg.policy,
             "reason": reason,
@@ -547,6 +595,8 @@ class Dispatcher:
         """An answer from replica ``i`` ended (relay callback, exactly once): free its slot;
         a prefilled prompt (served, dropped stream, client gone) updates its approximate cache;
         a 4xx is the client's doing; anything else counts against the replica."""
+        if o.error_kind is None and call.stamp is not None:  # served: the tenant owns it
+            self.claim(call, i)
         if o.error_kind in (None, "dropped_stream", "client_gone"):
             self.state.finish(i, call.rb, ok=True)
         elif o.upstream_status is not None and o.upstream_status < 500 and o.status < 500:
@@ -554,6 +604,24 @@ class Dispatcher:
         else:
             self.state.finish(i, None, ok=False)
         self.log(call, i, o)
+
+    def claim(self, call: _Call, i: int) -> None:
+        """Precise + isolation: replica ``i`` served the call's prompt, so its tenant owns those
+        blocks there (once per request: the stamp is spent)."""
+        index, stamp = self.state.index, call.stamp
+        call.stamp = None
+        if stamp is None or not isinstance(index, TenantKVIndex):
+            return
+        if call.tokens and call.tenant is not None:
+            index.claim(i, call.tenant, call.tokens, stamp)
+        else:
+            index.end(stamp)
+
+    def end(self, call: _Call) -> None:
+        """The call is over without a claim: its stamp (if any) no longer holds removals."""
+        if call.stamp is not None and isinstance(self.state.index, TenantKVIndex):
+            self.state.index.end(call.stamp)
+        call.stamp = None
 
     async def attempt(self, call: _Call, i: int) -> Response | UpstreamError:
         """Forward one attempt to replica ``i``: the client's response, or the error to fail
@@ -621,17 +689,26 @@ class Dispatcher:
         if isinstance(body, Response):
             return body
         session = request.headers.get("x-session-id")
+        tenant: str | None = None
         try:
             headers = forward_headers(request.headers)
-            content = encode_json(body)
-            rb = await run_in_threadpool(self.blocks, body, chat, session)
+            if self.cfg.tenant_isolation:
+                tenant = tenant_of(request.headers)
+                salt = cache_salt(tenant, self.cfg.tenant_salt_secret)
+                content = encode_json(with_cache_salt(body, salt))
+            else:
+                content = encode_json(body)
+            rb = await run_in_threadpool(self.blocks, body, chat, session, tenant)
         except ValueError as exc:
             return openai_error(400, f"cannot route the request: {exc}", "invalid_request_error")
-        ranking = await self.rank(body, chat, rb)
-        order = ranking[0]
-        decision = self.new_decision(request, endpoint, rb, ranking)
+        ranking = await self.rank(body, chat, rb, tenant)
+        order, tokens = ranking[0], ranking[4]
+        decision = self.new_decision(request, endpoint, rb, ranking, tenant)
         deadline = start + self.timeouts.total_s
-        call = _Call(endpoint, content, headers, rb, start, deadline, decision)
+        call = _Call(endpoint, content, headers, rb, start, deadline, decision, tenant=tenant)
+        if tenant is not None and isinstance(self.state.index, TenantKVIndex):
+            call.tokens = tokens
+            call.stamp = self.state.index.begin()  # before any engine can store this prompt
         last: UpstreamError | None = None
         for k, i in enumerate(order):
             try:

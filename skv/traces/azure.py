@@ -18,6 +18,7 @@ from __future__ import annotations
 import csv
 import logging
 import math
+from collections.abc import Iterable, Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -76,12 +77,23 @@ def _int_field(row: dict[str, str], name: str, path: PathLike, lineno: int) -> i
     return value
 
 
+def _utf8_lines(f: Iterable[str], path: PathLike) -> Iterator[str]:
+    """The file's lines; a byte that is not UTF-8 is an error naming the file and line (the
+    csv module's ``line_num`` counts records, so the line is counted here)."""
+    lineno = 0
+    try:
+        for lineno, line in enumerate(f, start=1):  # noqa: B007 (read in the except)
+            yield line
+    except UnicodeDecodeError as err:
+        raise TraceFormatError(path, f"not UTF-8 text: {err}", line=lineno + 1) from None
+
+
 def load_azure2023(path: PathLike) -> list[Request]:
     """Read an Azure 2023 CSV into requests sorted by arrival (see module docstring)."""
     stem = Path(path).stem
     rows: list[tuple[int, tuple[int, float], int, int]] = []
     with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
+        reader = csv.DictReader(_utf8_lines(f, path))
         missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
         if missing:
             raise TraceFormatError(

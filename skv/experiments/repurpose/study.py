@@ -98,8 +98,11 @@ def load_config(path: str | Path, *, quick: bool) -> RepurposeConfig:
     if not isinstance(over, dict) or "quick" in over:
         raise ConfigError(f"{path}: quick: expected a flat mapping of overrides")
     if quick:
-        wl = {**(data.get("workload") or {}), **(over.pop("workload", None) or {})}
-        data = {**data, **over, "workload": wl}
+        base, extra = data.get("workload") or {}, over.pop("workload", None) or {}
+        for where, value in (("workload", base), ("quick.workload", extra)):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{path}: {where}: expected a mapping, got {value!r}")
+        data = {**data, **over, "workload": {**base, **extra}}
     try:
         cfg = RepurposeConfig.model_validate(data)
         cfg.workload_params(0)

@@ -61,6 +61,7 @@ LAYERS: dict[str, int] = {
     "skv.routing": 1,
     "skv.sim": 1,
     "skv.replay": 1,
+    "skv.mrc": 1,
     # 2 engines
     "skv.services": 2,
     "skv.vllm": 2,

@@ -1,0 +1,709 @@
+"""Hit-rate curves at every capacity: one exact pass for ``lru``, SHARDS sampling for any policy.
+
+**One pass (Mattson).** :func:`lru_curve` gives the block and token hit counts of skv's ``lru``
+cache-only replay (``skv replay``, :func:`skv.replay.replay_one`) at *every* capacity from one
+pass over the trace: each block access gets a stack distance ``d`` and hits at capacity ``C``
+iff ``d <= C``. The stack is the order of the keys by *stamp*; a request's distinct keys get new
+stamps at its end, the first-occurring key the highest (skv releases a request's blocks tail
+first, so its first block is the most recent). Distances are counts of live stamps above a
+key's stamp: a range-add/prefix-sum Fenwick tree over stamps, O(log n) per query.
+
+Why the stack (inclusion) property holds, and exactly for what. Claim: after every request,
+the ``lru`` cache at capacity ``C`` holds exactly the ``C`` keys with the highest stamps (call
+that order ``U``). By induction over requests; during request ``r`` let ``P`` be its distinct
+keys looked up so far (pinned, or beyond ``C`` of them: uncached). Every cached block that is
+not in ``P`` is unpinned and the ``lru`` list orders those by ``U``, so the cache is always
+``P`` plus the top ``C - |P|`` keys of ``U \\ P`` (a hit moves a key into ``P``; a miss is
+inserted by evicting the lowest unpinned key, or, when ``|P| = C``, is not cached). Hence:
+
+- a key not in ``P`` hits iff ``d = 1 + |P| + #{keys of U\\P above it} <= C``, the LRU stack
+  distance with ``P`` moved to the top;
+- a key already in ``P`` (a repeat within one request: segment keying) hits iff its rank
+  among ``P`` by first occurrence is ``<= C`` (only the first ``C`` distinct keys are held);
+- at the end the held keys are the first ``min(C, |P|)`` of ``P`` released tail first, so the
+  cache is again the top ``C`` of the new ``U``, whatever ``C``: pinning and capacities smaller
+  than a request are exact too, down to ``C = 1``.
+
+Prefix semantics ("a hit stops at the first miss") are implied, not an extra rule: a key fixes
+its parent's key (prefix-chained hashes), every request holding a block holds its parent at an
+earlier position, so the parent's stamp is always higher. A cached block's parent is therefore
+cached, and within one chain the keys seen before form a prefix of the chain with strictly
+decreasing stamps, whose distance is simply ``1 + #{live stamps above}`` (the ``P`` keys above
+it are exactly the chain before it). A request whose seen keys form such a prefix (checked,
+not assumed) costs one Fenwick query per run of consecutive old stamps (a turn extending the
+previous turn: one run), not one per block; any other request (a repeated key, or later chain
+roots that reorder recency) takes the general per-block path. The curve is exact up to 64-bit
+key collisions, and for ``lru`` only: other policies (``sglang_lru``, ``vllm``, ...) get their
+curves from replays or from sampling.
+
+**Sampling (SHARDS, Waldspurger et al., FAST '15).** :func:`sample_trace` keeps a request iff a
+seeded 64-bit hash (blake2b; the same in every process) of its *unit* falls below
+``rate * 2**64``. Units (``unit=``): ``"session"``; ``"root"``, the request's first block;
+``"auto"`` (the default), sessions when the trace has two or more, else the block at the
+shallowest depth that splits the requests into at least half as many units as any depth up to
+8 (depth 1 on Mooncake, whose block 0 is one system prompt for every request). Whole requests
+are kept, so a kept key keeps its whole chain and prefix semantics survive. The keys shared by
+several units (the trunk: system prompts shared across sessions, the blocks above the depth)
+come with every sampled request; they are hot and always cached, so the sample's cache is
+``rate * (C - S) + S`` with ``S`` the trunk blocks in the sample (:func:`scaled_capacity`).
+``"block"`` is per-key SHARDS instead: a block is kept iff its key is sampled, re-chained to its
+nearest kept ancestor; it has far more independent units, but one hot shared key (Mooncake's
+block 0: 4% of its accesses) is all in or all out. Any policy replays a sample
+(:func:`shards_curve`). Biases: few units give large errors (40 sessions at ``rate=0.01`` keep
+0 or 1); policies that learn from volume or mix (``adaptive_semantic``, frequency counts) see
+a thinner stream; per-key sampling shortens requests (``vllm`` caps hits per request).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import chain, pairwise
+from typing import Any
+
+import numpy as np
+
+from skv.blocks import RequestBlocks
+
+log = logging.getLogger(__name__)
+
+#: sampling depths ``unit="auto"`` considers
+AUTO_DEPTHS = 8
+
+
+class _Fenwick:
+    """Range add, prefix sum over slots ``0..size-1`` (two Fenwick trees; 1-based inside)."""
+
+    def __init__(self, size: int) -> None:
+        self.n = size + 2
+        self.b1 = [0] * (self.n + 1)
+        self.b2 = [0] * (self.n + 1)
+        self.total = 0
+
+    def _upd(self, i: int, v1: int, v2: int) -> None:
+        n, b1, b2 = self.n, self.b1, self.b2
+        while i <= n:
+            b1[i] += v1
+            b2[i] += v2
+            i += i & -i
+
+    def add(self, lo: int, hi: int, v: int) -> None:
+        """Add ``v`` to slots ``lo..hi`` (0-based, inclusive)."""
+        if lo < 0 or hi < lo:
+            raise ValueError(f"bad slot range {lo}..{hi}")
+        lo += 1
+        hi += 1
+        self._upd(lo, v, v * (lo - 1))
+        self._upd(hi + 1, -v, -v * hi)
+        self.total += v * (hi - lo + 1)
+
+    def above(self, i: int) -> int:
+        """Sum of slots ``> i`` (0-based)."""
+        i += 1
+        x = i
+        s1 = s2 = 0
+        b1, b2 = self.b1, self.b2
+        while i > 0:
+            s1 += b1[i]
+            s2 += b2[i]
+            i -= i & -i
+        return self.total - (s1 * x - s2)
+
+
+@dataclass(frozen=True)
+class LruCurve:
+    """Hit counts of skv's ``lru`` cache-only replay at every capacity.
+
+    ``hit_blocks[c]`` / ``hit_tokens[c]`` are the hits at capacity ``c`` blocks for
+    ``c = 0 .. len - 1``; beyond the last index nothing changes (every reuse already hits).
+    """
+
+    hit_blocks: np.ndarray
+    hit_tokens: np.ndarray
+    requests: int
+    block_accesses: int
+    prompt_tokens: int
+    unique_blocks: int
+
+    def _index(self, capacity: int) -> int:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1 block, got {capacity}")
+        return min(int(capacity), len(self.hit_blocks) - 1)
+
+    def hits(self, capacity: int) -> tuple[int, int]:
+        """(hit blocks, hit tokens) at ``capacity`` blocks."""
+        i = self._index(capacity)
+        return int(self.hit_blocks[i]), int(self.hit_tokens[i])
+
+    def block_hit_rate(self, capacity: int) -> float:
+        return self.hits(capacity)[0] / self.block_accesses if self.block_accesses else 0.0
+
+    def token_hit_rate(self, capacity: int) -> float:
+        return self.hits(capacity)[1] / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+def _dense_ids(trace: Sequence[RequestBlocks], n: int) -> np.ndarray:
+    """Block keys as dense ids ``0..unique-1`` in first-seen order (a hash table: pandas'
+    factorize for 64-bit int keys, else a dict)."""
+    import pandas as pd
+
+    try:
+        keys = np.fromiter(chain.from_iterable(rb.keys for rb in trace), dtype=np.uint64, count=n)
+    except (OverflowError, TypeError, ValueError):
+        ids: dict = {}
+        return np.fromiter(
+            (ids.setdefault(k, len(ids)) for rb in trace for k in rb.keys), dtype=np.int64, count=n
+        )
+    codes, _ = pd.factorize(keys)
+    return codes.astype(np.int64, copy=False)
+
+
+#: requests up to this many blocks are checked on lists (numpy's per-call cost dominates there)
+SMALL = 64
+
+
+def stack_distances(trace: Sequence[RequestBlocks]) -> tuple[np.ndarray, int]:
+    """Per block access (in trace order) its ``lru`` stack distance, 0 = never seen (a miss at
+    every capacity), and the number of unique keys.
+
+    The module docstring says why ``hit at capacity C <=> 0 < d <= C``. Every stamp below
+    ``base`` was handed out exactly once, so the live stamps above ``s`` are ``base - 1 - s``
+    minus the dead ones above ``s``: the Fenwick tree counts deaths only (runs of consecutive
+    stamps die together: one range update). The fast path checks what it relies on (no key
+    twice; the keys seen before are a prefix of the request with strictly decreasing stamps);
+    a request that fails a check takes the per-block path, which assumes nothing about chains.
+    """
+    lengths = [len(rb.keys) for rb in trace]
+    n = sum(lengths)
+    ids = _dense_ids(trace, n)
+    unique = int(ids.max()) + 1 if n else 0
+    last = np.full(unique, -1, dtype=np.int64)  # each key's stamp; -1 = never seen
+    mark = np.full(unique, -1, dtype=np.int64)  # scratch: repeated keys within a request
+    dead = _Fenwick(2 * n)
+    dist = np.zeros(n, dtype=np.int64)
+    base = 0  # next free stamp
+    off = 0
+    fast = slow = 0
+    for m in lengths:
+        if m == 0:
+            continue
+        rid = ids[off : off + m]
+        runs = _runs_small(rid, last) if m <= SMALL else _runs_large(rid, last, mark)
+        if runs is None:
+            slow += 1
+            base = _request_slow(rid.tolist(), last, dead, base, dist, off)
+        else:
+            fast += 1
+            for a, b, top in runs:
+                # the stamps of this run and the runs before it still count: they are the keys
+                # of P above this one (module docstring)
+                d0 = base - top - dead.above(top)
+                dist[off + a : off + b] = np.arange(d0, d0 + b - a)
+            for a, b, top in runs:
+                dead.add(top - (b - a) + 1, top, 1)
+            last[rid] = np.arange(base + m - 1, base - 1, -1)
+            base += m
+        off += m
+    log.debug("stack distances: %d fast requests, %d per-block requests", fast, slow)
+    return dist, unique
+
+
+def _runs_small(rid: np.ndarray, last: np.ndarray) -> list[tuple[int, int, int]] | None:
+    """The fast path's checks on lists: ``(start, stop, top stamp)`` of each run of
+    consecutive old stamps in the seen prefix, or ``None`` when a check fails."""
+    s = last[rid].tolist()
+    m = len(s)
+    if len(set(rid.tolist())) != m:
+        return None
+    runs = []
+    a = 0
+    while a < m and s[a] >= 0:
+        top = s[a]
+        b = a + 1
+        while b < m and s[b] == top - (b - a) and s[b] >= 0:
+            b += 1
+        if b < m and s[b] >= s[b - 1]:
+            return None  # not strictly decreasing
+        runs.append((a, b, top))
+        a = b
+    if a < m and max(s[a:]) >= 0:
+        return None  # a seen key after an unseen one
+    return runs
+
+
+def _runs_large(
+    rid: np.ndarray, last: np.ndarray, mark: np.ndarray
+) -> list[tuple[int, int, int]] | None:
+    """:func:`_runs_small` vectorised (long requests)."""
+    m = len(rid)
+    span = np.arange(m, dtype=np.int64)
+    mark[rid] = span
+    if not (mark[rid] == span).all():
+        return None
+    s = last[rid]
+    seen = s >= 0
+    k = m if seen.all() else int(seen.argmin())
+    if seen[k:].any():
+        return None
+    sk = s[:k]
+    steps = sk[1:] - sk[:-1]
+    if (steps >= 0).any():
+        return None
+    bounds = [0, *(np.flatnonzero(steps != -1) + 1).tolist(), k] if k else [0]
+    return [(a, b, int(sk[a])) for a, b in pairwise(bounds)]
+
+
+def _request_slow(
+    rid: list[int], last: np.ndarray, dead: _Fenwick, base: int, dist: np.ndarray, off: int
+) -> int:
+    """One request block by block (several chain roots or a repeated key): keys of ``P`` move
+    to temporary stamps above every old one as they are looked up, then get their final stamps
+    in first-occurrence order. Returns the new ``base``."""
+    rank: dict[int, int] = {}
+    temp = base
+    for i, x in enumerate(rid):
+        r = rank.get(x)
+        if r is not None:
+            dist[off + i] = r
+            continue
+        s = int(last[x])
+        if s >= 0:
+            dist[off + i] = temp - s - dead.above(s)
+            dead.add(s, s, 1)
+        rank[x] = len(rank) + 1
+        temp += 1
+    p = len(rank)
+    dead.add(base, base + p - 1, 1)
+    base += p
+    for x, r in rank.items():
+        last[x] = base + p - r
+    return base + p
+
+
+def lru_curve(trace: Sequence[RequestBlocks]) -> LruCurve:
+    """The ``lru`` hit counts at every capacity, in one pass (exact; module docstring)."""
+    if not trace:
+        raise ValueError("lru_curve: empty trace (no requests)")
+    dist, unique = stack_distances(trace)
+    tokens = np.fromiter(
+        chain.from_iterable(rb.tokens for rb in trace), dtype=np.int64, count=len(dist)
+    )
+    top = int(dist.max()) if len(dist) else 0
+    blocks = np.bincount(dist, minlength=top + 1)
+    toks = np.bincount(dist, weights=tokens, minlength=top + 1)
+    blocks[0] = 0  # cold misses
+    toks[0] = 0
+    return LruCurve(
+        hit_blocks=np.cumsum(blocks),
+        hit_tokens=np.cumsum(np.rint(toks).astype(np.int64)),
+        requests=len(trace),
+        block_accesses=len(dist),
+        prompt_tokens=sum(rb.prompt_tokens for rb in trace),
+        unique_blocks=unique,
+    )
+
+
+# -- SHARDS -----------------------------------------------------------------------------------
+
+
+def check_rate(rate: float) -> float:
+    if not (isinstance(rate, int | float) and 0.0 < rate <= 1.0):
+        raise ValueError(f"sample rate must be in (0, 1], got {rate!r}")
+    return float(rate)
+
+
+def _unit_hash(data: bytes, seed: int) -> int:
+    """A fixed 64-bit hash (blake2b, keyed by the seed): the same in every process."""
+    h = hashlib.blake2b(data, digest_size=8, key=seed.to_bytes(8, "little", signed=True))
+    return int.from_bytes(h.digest(), "little")
+
+
+def _key_bytes(key: Any) -> bytes:
+    return int(key).to_bytes(16, "little", signed=True)
+
+
+def auto_depth(trace: Sequence[RequestBlocks]) -> int:
+    """The shallowest block depth whose keys split the requests into at least half as many
+    units as any depth below :data:`AUTO_DEPTHS` (0 when every request has its own root)."""
+    counts = [
+        len({rb.keys[min(d, len(rb.keys) - 1)] for rb in trace if rb.keys})
+        for d in range(AUTO_DEPTHS)
+    ]
+    best = max(counts, default=0)
+    return next((d for d, c in enumerate(counts) if 2 * c >= best), 0)
+
+
+#: what :func:`sample_trace` keeps or drops whole
+UNITS = ("auto", "root", "session", "block")
+
+
+@dataclass
+class Sample:
+    """A spatially sampled trace; ``shared_blocks`` = distinct trunk keys (above ``depth``)."""
+
+    trace: list[RequestBlocks]
+    rate: float
+    unit: str
+    depth: int
+    shared_blocks: int
+
+
+def sample_trace(
+    trace: Sequence[RequestBlocks], rate: float, *, seed: int = 0, unit: str = "auto"
+) -> Sample:
+    """SHARDS-style spatial sample: whole requests, kept by a seeded hash of their unit.
+
+    Deterministic for a given ``seed``; ``rate=1`` keeps every request (indices unchanged).
+    Kept requests are re-indexed ``0..`` (offline policies index by position); their block
+    lists are shared with ``trace``, not copied.
+    """
+    rate = check_rate(rate)
+    if not trace:
+        raise ValueError("sample_trace: empty trace (no requests)")
+    if unit not in UNITS:
+        raise ValueError(f"unit must be one of {', '.join(UNITS)}, got {unit!r}")
+    if unit == "block":
+        return _sample_blocks(trace, rate, seed)
+    sessions = {rb.session for rb in trace} - {None}
+    by_session = unit == "session" or (unit == "auto" and len(sessions) >= 2)
+    shared = _cross_session_keys(trace) if by_session else set()
+    depth = auto_depth(trace) if unit == "auto" and not by_session else 0
+    threshold = math.floor(rate * 2**64)
+    kept: list[RequestBlocks] = []
+    trunk: set = set()
+    for rb in trace:
+        if by_session and rb.session is not None:
+            data = b"s" + rb.session.encode()
+        elif len(rb.keys) > depth:
+            data = _key_bytes(rb.keys[depth])
+        else:  # only trunk blocks (hot, shared by every unit): sampled request by request
+            data = b"r" + rb.index.to_bytes(8, "little")
+        if rate < 1.0 and _unit_hash(data, seed) >= threshold:
+            continue
+        if by_session:
+            trunk.update(k for k in rb.keys if k in shared)
+        else:
+            trunk.update(rb.keys[:depth])
+        kept.append(
+            RequestBlocks(
+                index=len(kept),
+                arrival_s=rb.arrival_s,
+                keys=rb.keys,
+                parents=rb.parents,
+                tokens=rb.tokens,
+                stypes=rb.stypes,
+                seg_tokens=rb.seg_tokens,
+                session=rb.session,
+                turn=rb.turn,
+                templated=rb.templated,
+                block_size=rb.block_size,
+                prompt_tokens=rb.prompt_tokens,
+            )
+        )
+    unit = "session" if by_session else unit
+    log.info(
+        "sample at rate %g (unit %s, depth %d, %d trunk blocks): %d of %d requests",
+        rate,
+        unit,
+        depth,
+        len(trunk),
+        len(kept),
+        len(trace),
+    )
+    return Sample(kept, rate, unit, depth, len(trunk))
+
+
+def _cross_session_keys(trace: Sequence[RequestBlocks]) -> set:
+    """Keys used by more than one session (shared system prompts: the trunk of session
+    sampling), in O(log n) lookups per single-chain request.
+
+    Every key of a processed request is owned, so the seen keys of a chain are a prefix of it.
+    In a single chain, once a key is owned by this request's own session and not shared, no
+    other session has used it, hence none used a key below it: the rest of the seen prefix is
+    this session's too, and only the new keys after it (found by bisection) need owning."""
+    owner: dict = {}
+    shared: set = set()
+    for rb in trace:
+        keys = rb.keys
+        single = rb.parents.count(None) <= 1
+        for i, key in enumerate(keys):
+            o = owner.get(key, owner)
+            if o is not owner and o != rb.session:
+                shared.add(key)
+                continue
+            if not single:
+                owner.setdefault(key, rb.session)
+                continue
+            lo, hi = i, len(keys)  # the first new key is in keys[lo:hi + 1]
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if keys[mid] in owner:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            owner.update(dict.fromkeys(keys[lo:], rb.session))
+            break
+    return shared
+
+
+def _sample_blocks(trace: Sequence[RequestBlocks], rate: float, seed: int) -> Sample:
+    """Per-key SHARDS: keep a block iff its key's hash is sampled, re-chained to its nearest
+    kept ancestor (a key still fixes its sampled parent, so prefix semantics hold within the
+    sample). Many more independent units than whole trees; requests shrink to ~``rate`` of
+    their blocks, which biases policies that look at request sizes or positions."""
+    threshold = math.floor(rate * 2**64)
+    decided: dict = {}
+    kept: list[RequestBlocks] = []
+    for rb in trace:
+        idx: list[int] = []
+        parents: list = []
+        prev = None
+        for i, (key, parent) in enumerate(zip(rb.keys, rb.parents, strict=True)):
+            if parent is None:
+                prev = None
+            take = decided.get(key)
+            if take is None:
+                take = decided[key] = rate >= 1.0 or _unit_hash(_key_bytes(key), seed) < threshold
+            if take:
+                idx.append(i)
+                parents.append(prev)
+                prev = key
+        if not idx:
+            continue
+        tokens = [rb.tokens[i] for i in idx]
+        kept.append(
+            RequestBlocks(
+                index=len(kept),
+                arrival_s=rb.arrival_s,
+                keys=[rb.keys[i] for i in idx],
+                parents=parents,
+                tokens=tokens,
+                stypes=[rb.stypes[i] for i in idx],
+                seg_tokens=[rb.seg_tokens[i] for i in idx],
+                session=rb.session,
+                turn=rb.turn,
+                templated=rb.templated,
+                block_size=rb.block_size,
+                prompt_tokens=rb.prompt_tokens if len(idx) == len(rb.keys) else sum(tokens),
+            )
+        )
+    log.info("sample at rate %g (unit block): %d of %d requests", rate, len(kept), len(trace))
+    return Sample(kept, rate, "block", 0, 0)
+
+
+def scaled_capacity(capacity: int, sample: Sample) -> int:
+    """The sample's cache size for a full-trace ``capacity``: the trunk whole, the rest scaled."""
+    shared = min(sample.shared_blocks, capacity)
+    return max(1, round(sample.rate * (capacity - shared)) + shared)
+
+
+def shards_curve(
+    trace: Sequence[RequestBlocks],
+    policy: str,
+    capacities: Sequence[int],
+    rate: float,
+    *,
+    seed: int = 0,
+    unit: str = "auto",
+    params: dict[str, Any] | None = None,
+    sample: Sample | None = None,
+) -> list[dict[str, Any]]:
+    """Hit rates of ``policy`` at each full-trace capacity, estimated on a spatial sample.
+
+    One row per capacity: ``capacity_blocks`` (full trace), ``sample_capacity_blocks``,
+    ``block_hit_rate``, ``token_hit_rate`` (of the sample). Pass ``sample`` to reuse one.
+    """
+    from skv.replay import replay_one, trace_totals
+
+    sample = sample or sample_trace(trace, rate, seed=seed, unit=unit)
+    if not sample.trace:
+        raise ValueError(
+            f"sample at rate {sample.rate:g} kept no request of {len(trace)}; raise the rate"
+        )
+    totals = trace_totals(sample.trace)
+    rows = []
+    for cap in capacities:
+        if cap < 1:
+            raise ValueError(f"capacity must be >= 1 block, got {cap}")
+        scap = scaled_capacity(cap, sample)
+        row = replay_one(sample.trace, policy, scap, params=params, totals=totals, progress=False)
+        rows.append(
+            {
+                "policy": policy,
+                "capacity_blocks": cap,
+                "sample_rate": sample.rate,
+                "sample_capacity_blocks": scap,
+                "sample_requests": len(sample.trace),
+                "block_hit_rate": row["block_hit_rate"],
+                "token_hit_rate": row["token_hit_rate"],
+            }
+        )
+    return rows
+
+
+def curve_grid(unique_blocks: int, points: int, low: int = 1) -> list[int]:
+    """``points`` capacities, log-spaced from ``low`` blocks to the unique blocks (distinct,
+    sorted)."""
+    low = max(1, min(low, unique_blocks))
+    if unique_blocks <= low:
+        return [low]
+    grid = np.unique(np.rint(np.geomspace(low, unique_blocks, max(points, 2))).astype(np.int64))
+    return [int(c) for c in grid]
+
+
+# -- the capacity curve of ``skv replay --capacity-curve`` ------------------------------------
+
+CURVE_COLUMNS = [
+    "method",
+    "policy",
+    "sample_rate",
+    "capacity_blocks",
+    "capacity_fraction",
+    "sample_capacity_blocks",
+    "block_hit_rate",
+    "token_hit_rate",
+]
+
+
+def capacity_curve(
+    trace: Sequence[RequestBlocks],
+    *,
+    policies: Sequence[str] = ("lru",),
+    rates: Sequence[float] = (0.1,),
+    points: int = 64,
+    sample_points: int = 12,
+    belady_points: int = 3,
+    extra_capacities: Sequence[int] = (),
+    seed: int = 0,
+    unit: str = "auto",
+) -> list[dict[str, Any]]:
+    """Rows of the hit-rate curve: ``exact_lru`` (one pass) at ``points`` log-spaced
+    capacities, ``shards`` estimates for every policy and rate at ``sample_points`` of them, and
+    ``belady`` (full offline replays, the upper bound) at ``belady_points`` capacities."""
+    from skv.replay import replay_one, trace_totals
+
+    rates = [check_rate(r) for r in rates]
+    for name in policies:
+        from skv.policies.registry import policy_class
+
+        policy_class(name)  # a bad name fails before the pass, not after
+    curve = lru_curve(trace)
+    u = curve.unique_blocks
+    grid = sorted({*curve_grid(u, points), *(int(c) for c in extra_capacities if c >= 1)})
+    #: below ~16 blocks of the sample's cache, a sampled estimate says little (and ``vllm``
+    #: needs two blocks); SHARDS rows start where the scaled cache has that many
+    coarse = {r: curve_grid(u, sample_points, low=math.ceil(16 / r)) for r in rates}
+
+    def row(method: str, policy: str, rate: float, cap: int, scap: int, bhr: float, thr: float):
+        return {
+            "method": method,
+            "policy": policy,
+            "sample_rate": rate,
+            "capacity_blocks": cap,
+            "capacity_fraction": cap / u if u else 0.0,
+            "sample_capacity_blocks": scap,
+            "block_hit_rate": bhr,
+            "token_hit_rate": thr,
+        }
+
+    rows = [
+        row("exact_lru", "lru", 1.0, c, c, curve.block_hit_rate(c), curve.token_hit_rate(c))
+        for c in grid
+    ]
+    for rate in rates:
+        sample = sample_trace(trace, rate, seed=seed, unit=unit)
+        if not sample.trace:
+            log.warning("sample rate %g kept no request: no SHARDS rows at this rate", rate)
+            continue
+        for name in policies:
+            for r in shards_curve(trace, name, coarse[rate], rate, sample=sample):
+                rows.append(
+                    row(
+                        "shards",
+                        name,
+                        rate,
+                        r["capacity_blocks"],
+                        r["sample_capacity_blocks"],
+                        r["block_hit_rate"],
+                        r["token_hit_rate"],
+                    )
+                )
+    if belady_points > 0 and u:
+        totals = trace_totals(trace)
+        for frac in np.geomspace(0.01, 0.5, belady_points) if belady_points > 1 else [0.1]:
+            cap = max(1, round(frac * u))
+            r = replay_one(trace, "belady", cap, totals=totals, progress=False)
+            rows.append(
+                row("belady", "belady", 1.0, cap, cap, r["block_hit_rate"], r["token_hit_rate"])
+            )
+    return rows
+
+
+def write_capacity_curve(rows: list[dict[str, Any]], out_dir: Any, meta: dict[str, Any]) -> None:
+    """``capacity_curve.csv``, ``capacity_curve.json`` (meta + rows) and ``capacity_curve.png``
+    into ``out_dir``, all or nothing (:func:`skv.fileio.atomic_dir`)."""
+    import csv
+    import json
+    from pathlib import Path
+
+    from skv.fileio import atomic_dir, atomic_write
+
+    with atomic_dir(Path(out_dir), last=("capacity_curve.json",)) as tmp:
+        with atomic_write(tmp / "capacity_curve.csv") as f:
+            w = csv.DictWriter(f, fieldnames=CURVE_COLUMNS, lineterminator="\n")
+            w.writeheader()
+            for r in rows:
+                w.writerow({k: (f"{v:.6f}" if isinstance(v, float) else v) for k, v in r.items()})
+        _plot_curve(rows, tmp / "capacity_curve.png", str(meta.get("trace", "")))
+        with atomic_write(tmp / "capacity_curve.json") as f:
+            f.write(json.dumps({"meta": meta, "rows": rows}, indent=2, sort_keys=True) + "\n")
+
+
+def _plot_curve(rows: list[dict[str, Any]], path: Any, title: str) -> None:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.add_subplot()
+    exact = [r for r in rows if r["method"] == "exact_lru" and r["capacity_fraction"] > 0]
+    ax.plot(
+        [r["capacity_fraction"] for r in exact],
+        [r["token_hit_rate"] for r in exact],
+        "-",
+        color="black",
+        label="lru, exact (one pass)",
+    )
+    groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["method"] == "shards":
+            groups.setdefault((r["policy"], r["sample_rate"]), []).append(r)
+    markers = "osD^v<>p"
+    for i, ((policy, rate), rs) in enumerate(sorted(groups.items())):
+        ax.plot(
+            [r["capacity_fraction"] for r in rs],
+            [r["token_hit_rate"] for r in rs],
+            markers[i % len(markers)] + "--",
+            ms=4,
+            lw=0.8,
+            label=f"{policy}, SHARDS R={rate:g}",
+        )
+    bel = [r for r in rows if r["method"] == "belady"]
+    if bel:
+        ax.plot(
+            [r["capacity_fraction"] for r in bel],
+            [r["token_hit_rate"] for r in bel],
+            "*",
+            ms=11,
+            color="tab:red",
+            label="belady (offline bound)",
+        )
+    ax.set_xscale("log")
+    ax.set_xlabel("cache capacity (fraction of the trace's unique blocks)")
+    ax.set_ylabel("token hit rate (simulated)")
+    ax.set_title(f"hit rate at every capacity: {title}", fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)

@@ -1,0 +1,279 @@
+"""One-pass lru hit-rate curves and SHARDS sampling (skv.mrc).
+
+The curve must give exactly the hit blocks and tokens of skv's own ``lru`` cache-only replay
+(``replay_one``) at every capacity tested, pinning included (capacity 1, capacities below a
+request's size), for prefix and segment keying, hash-id traces and random forests with repeated
+keys in one request (the per-block path). SHARDS must be deterministic and equal the full
+replay at rate 1.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import skv.mrc
+from skv.blocks import RequestBlocks
+from skv.cli import main
+from skv.model import Request, Segment, SemanticType
+from skv.mrc import (
+    lru_curve,
+    sample_trace,
+    scaled_capacity,
+    shards_curve,
+    stack_distances,
+)
+from skv.replay import compile_trace, replay_one, trace_totals
+from skv.workloads import make_workload
+
+MOONCAKE = Path(__file__).parent / "data" / "mooncake_tiny.jsonl"
+
+
+def _check_exact(trace: list[RequestBlocks], capacities) -> None:
+    curve = lru_curve(trace)
+    totals = trace_totals(trace)
+    for cap in capacities:
+        row = replay_one(trace, "lru", cap, totals=totals, progress=False)
+        assert curve.hits(cap) == (row["hit_blocks"], row["hit_tokens"]), cap
+        assert curve.block_hit_rate(cap) == pytest.approx(row["block_hit_rate"], abs=0)
+        assert curve.token_hit_rate(cap) == pytest.approx(row["token_hit_rate"], abs=0)
+
+
+def _capacities(unique: int) -> list[int]:
+    return sorted(
+        {1, 2, 3, 5, 8, 13, 30, 77, 200, 600, unique // 4, unique - 1, unique, unique + 7}
+    )
+
+
+@pytest.mark.parametrize("mode", ["prefix", "segment"])
+@pytest.mark.parametrize("workload", ["multi_turn_chat", "rag", "tool_agent"])
+def test_curve_equals_lru_replay_at_every_capacity(workload, mode):
+    trace = compile_trace(make_workload(workload, seed=3, num_requests=80), mode=mode)
+    _check_exact(trace, _capacities(trace_totals(trace).unique_blocks))
+
+
+def _hash_id_trace(seed: int, n: int = 150) -> list[Request]:
+    """Sessions whose turns extend the previous prompt, sharing a 2-block system prompt;
+    the last block is partial (Mooncake-like: 16-token blocks)."""
+    rng = random.Random(seed)
+    sessions: list[list[int]] = []
+    reqs = []
+    next_id = 10
+    for i in range(n):
+        if not sessions or rng.random() < 0.3:
+            sessions.append([1, 2])
+        s = rng.randrange(len(sessions))
+        grow = rng.randint(1, 6)
+        sessions[s] = sessions[s] + list(range(next_id, next_id + grow))
+        next_id += grow
+        ids = list(sessions[s])
+        tokens = 16 * (len(ids) - 1) + rng.randint(1, 16)
+        reqs.append(
+            Request(
+                f"r{i}",
+                float(i),
+                [Segment(SemanticType.UNKNOWN, tokens)],
+                hash_ids=ids,
+                hash_block_size=16,
+            )
+        )
+    return reqs
+
+
+def test_curve_equals_lru_replay_on_a_hash_id_trace():
+    trace = compile_trace(_hash_id_trace(0))
+    assert trace[0].block_size == 16
+    _check_exact(trace, _capacities(trace_totals(trace).unique_blocks))
+
+
+def _random_forest_trace(seed: int, n: int = 120) -> list[RequestBlocks]:
+    """Requests made of 1-3 root-to-node paths of a random forest, a path sometimes twice in
+    one request (repeated keys, several chain roots: the per-block path)."""
+    rng = random.Random(seed)
+    parent: list[int | None] = []
+    for node in range(300):
+        parent.append(None if node < 4 or rng.random() < 0.05 else rng.randrange(node))
+    trace = []
+    for i in range(n):
+        keys: list[int] = []
+        parents: list[int | None] = []
+        paths = [rng.randrange(300) for _ in range(rng.randint(1, 3))]
+        if rng.random() < 0.2:
+            paths.append(paths[0])
+        for leaf in paths:
+            path = [leaf]
+            while parent[path[-1]] is not None:
+                path.append(parent[path[-1]])
+            path.reverse()
+            keys += [k + 1000 for k in path]
+            parents += [None] + [k + 1000 for k in path[:-1]]
+        tokens = [rng.randint(1, 16) for _ in keys]
+        trace.append(
+            RequestBlocks(
+                i, float(i), keys, parents, tokens, [0] * len(keys), tokens, None, 0, False, 16
+            )
+        )
+    return trace
+
+
+@pytest.mark.parametrize("small", [0, 64, 10**9])  # vectorised checks, the default, lists only
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_curve_equals_lru_replay_on_random_forests_at_every_capacity(seed, small, monkeypatch):
+    monkeypatch.setattr(skv.mrc, "SMALL", small)
+    trace = _random_forest_trace(seed)
+    unique = trace_totals(trace).unique_blocks
+    _check_exact(trace, range(1, unique + 3))
+
+
+def test_curve_is_monotone_and_reaches_the_infinite_cache_ceiling():
+    trace = compile_trace(make_workload("tool_agent", seed=1, num_requests=100))
+    curve = lru_curve(trace)
+    totals = trace_totals(trace)
+    assert curve.unique_blocks == totals.unique_blocks
+    assert (np.diff(curve.hit_blocks) >= 0).all() and (np.diff(curve.hit_tokens) >= 0).all()
+    big = totals.unique_blocks + 1
+    assert curve.hits(big) == (totals.ceiling_hit_blocks, totals.ceiling_hit_tokens)
+    assert curve.hits(10**9) == curve.hits(big)
+    dist, unique = stack_distances(trace)
+    assert unique == totals.unique_blocks and dist.max() <= unique and dist.min() >= 0
+
+
+def test_sample_is_deterministic_and_keeps_whole_requests():
+    trace = compile_trace(make_workload("multi_turn_chat", seed=2, num_requests=300))
+    a = sample_trace(trace, 0.3, seed=5)
+    b = sample_trace(trace, 0.3, seed=5)
+    c = sample_trace(trace, 0.3, seed=6)
+    assert [r.keys for r in a.trace] == [r.keys for r in b.trace]
+    assert [r.keys for r in a.trace] != [r.keys for r in c.trace]
+    originals = {tuple(r.keys) for r in trace}
+    assert all(tuple(r.keys) in originals for r in a.trace)  # whole requests, chains intact
+    assert [r.index for r in a.trace] == list(range(len(a.trace)))
+    assert 0 < len(a.trace) < len(trace)
+    blocks = sample_trace(trace, 0.3, seed=5, unit="block")
+    assert [r.keys for r in blocks.trace] == [
+        r.keys for r in sample_trace(trace, 0.3, seed=5, unit="block").trace
+    ]
+
+
+@pytest.mark.parametrize("unit", ["auto", "root", "session", "block"])
+@pytest.mark.parametrize("policy", ["lru", "vllm", "adaptive_semantic"])
+def test_rate_one_equals_the_full_replay_exactly(policy, unit):
+    trace = compile_trace(make_workload("rag", seed=4, num_requests=60))
+    unique = trace_totals(trace).unique_blocks
+    caps = [2, 37, unique // 3, unique]
+    rows = shards_curve(trace, policy, caps, 1.0, unit=unit)
+    for cap, row in zip(caps, rows, strict=True):
+        full = replay_one(trace, policy, cap, progress=False)
+        assert row["sample_capacity_blocks"] == cap
+        assert row["block_hit_rate"] == full["block_hit_rate"]
+        assert row["token_hit_rate"] == full["token_hit_rate"]
+
+
+def test_scaled_capacity_keeps_the_shared_trunk_whole():
+    trace = compile_trace(_hash_id_trace(1, n=200))
+    s = sample_trace(trace, 0.25, seed=0)
+    assert s.depth == 2  # blocks 1, 2 are one system prompt for everyone: the trunk
+    assert s.shared_blocks == 2
+    assert scaled_capacity(102, s) == round(0.25 * 100) + 2
+    assert scaled_capacity(1, s) == 1
+
+
+@pytest.mark.parametrize("rate", [0, -0.1, 1.5, math.nan, math.inf, "0.1"])
+def test_bad_rates_are_value_errors(rate):
+    trace = compile_trace(make_workload("rag", seed=0, num_requests=5))
+    with pytest.raises(ValueError, match="sample rate must be in"):
+        sample_trace(trace, rate)
+
+
+def test_empty_traces_and_bad_arguments_are_value_errors():
+    with pytest.raises(ValueError, match="empty trace"):
+        lru_curve([])
+    with pytest.raises(ValueError, match="empty trace"):
+        sample_trace([], 0.5)
+    trace = compile_trace(make_workload("rag", seed=0, num_requests=5))
+    with pytest.raises(ValueError, match="unit must be"):
+        sample_trace(trace, 0.5, unit="tenant")
+    with pytest.raises(ValueError, match="capacity must be >= 1"):
+        lru_curve(trace).hits(0)
+    with pytest.raises(ValueError, match="kept no request"):
+        shards_curve(trace, "lru", [10], 1e-12)
+
+
+def test_cli_writes_the_curve_with_both_methods_and_belady(tmp_path, capsys):
+    out = tmp_path / "curve"
+    argv = ["replay", str(MOONCAKE), "--capacity-curve", "--sample-rate", "1", "0.5"]
+    argv += ["--policies", "lru", "vllm", "--belady-points", "2", "--output", str(out)]
+    assert main(argv) == 0
+    rows = list(csv.DictReader((out / "capacity_curve.csv").open()))
+    methods = {r["method"] for r in rows}
+    assert methods == {"exact_lru", "shards", "belady"}
+    assert {r["policy"] for r in rows if r["method"] == "shards"} <= {"lru", "vllm"}
+    exact = {int(r["capacity_blocks"]): r for r in rows if r["method"] == "exact_lru"}
+    for r in rows:  # SHARDS at rate 1 is the full lru replay, i.e. the exact curve
+        if r["method"] == "shards" and r["policy"] == "lru" and float(r["sample_rate"]) == 1:
+            assert r["token_hit_rate"] == exact[int(r["capacity_blocks"])]["token_hit_rate"]
+    assert (out / "capacity_curve.png").stat().st_size > 0
+    meta = json.loads((out / "capacity_curve.json").read_text())["meta"]
+    assert meta["sample_rates"] == [1.0, 0.5]
+    assert "capacity_curve.csv" in capsys.readouterr().out
+
+
+def test_cli_rejects_a_bad_rate_before_loading(tmp_path, capsys):
+    missing = tmp_path / "never.jsonl"
+    with pytest.raises(SystemExit) as exc:
+        main(["replay", str(missing), "--capacity-curve", "--sample-rate", "2"])
+    assert exc.value.code == 2
+    assert "sample rate must be in (0, 1]" in capsys.readouterr().err
+
+
+def test_a_block_with_the_first_stamp_then_a_new_block():
+    """Stamp 0 (the first request's last block) followed by an unseen block: the unseen block
+    must not join the run of consecutive stamps (it once did and looped forever)."""
+
+    def rb(i: int, keys: list[int]) -> RequestBlocks:
+        parents = [None, *keys[:-1]]
+        n = len(keys)
+        return RequestBlocks(
+            i, float(i), keys, parents, [4] * n, [0] * n, [4] * n, None, 0, False, 4
+        )
+
+    trace = [rb(0, [7]), rb(1, [7, 8]), rb(2, [7, 8, 9]), rb(3, [5]), rb(4, [7, 8, 9, 10])]
+    _check_exact(trace, range(1, 7))
+
+
+@pytest.mark.parametrize("small", [0, 10**9])
+def test_a_new_chain_twice_in_one_request_hits_the_second_time(small, monkeypatch):
+    """Segment keying can repeat a new document in one request: the repeat hits (it is
+    pinned) at any capacity holding its first-occurrence rank."""
+    monkeypatch.setattr(skv.mrc, "SMALL", small)
+    keys = [11, 12, 11, 12]
+    first = RequestBlocks(
+        0, 0.0, keys, [None, 11, None, 11], [4] * 4, [0] * 4, [4] * 4, None, 0, False, 4
+    )
+    again = RequestBlocks(
+        1, 1.0, [11, 12, 13], [None, 11, 12], [4] * 3, [0] * 3, [4] * 3, None, 0, False, 4
+    )
+    _check_exact([first, again], range(1, 5))
+    assert lru_curve([first]).hits(2) == (2, 8)
+
+
+@pytest.mark.parametrize("mode", ["prefix", "segment"])
+def test_session_sampling_keeps_the_cross_session_trunk_whole(mode):
+    trace = compile_trace(make_workload("multi_turn_chat", seed=5, num_requests=200), mode=mode)
+    users: dict[int, set] = {}
+    for rb in trace:
+        for key in rb.keys:
+            users.setdefault(key, set()).add(rb.session)
+    shared = {k for k, s in users.items() if len(s) > 1}
+    assert shared and skv.mrc._cross_session_keys(trace) == shared
+    s = sample_trace(trace, 0.4, seed=1)
+    assert s.unit == "session" and 0 < len(s.trace) < len(trace)
+    assert s.shared_blocks == len(shared & {k for rb in s.trace for k in rb.keys})
+    kept = {rb.session for rb in s.trace}
+    assert len([rb for rb in trace if rb.session in kept]) == len(s.trace)  # sessions whole

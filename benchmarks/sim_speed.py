@@ -15,6 +15,14 @@ its default constants, one replica and ``SimConfig``'s default batch limits. Wor
 simulation is timed around ``simulate`` alone. Latencies are SIMULATED; only the wall seconds
 are measured.
 
+A third case, ``cluster`` (``--cluster``, or ``--only-cluster``), is one load point of the
+CacheRoute study's QPS search: the ``aggregate`` workload at ``--cluster-rate`` (160) req/s,
+60 s of warm-up plus 8,000 measured requests (17,600 in all), through 15 replicas of
+Llama-3.3-70B fp8 on 4 H100s (roofline, ``vllm`` eviction, 2,591 blocks of 512 tokens each),
+once per router in ``--routers``; routers that read caches use their approximate view, as in
+``experiments/cacheroute/qps_aggregate.yaml``. Timed around ``simulate_point`` (simulation and
+metrics), not the workload generation.
+
 Run: ``python benchmarks/sim_speed.py [--requests 12000] [--policies lru adaptive_semantic]``;
 ``--profile`` adds a cProfile of the slowest run (top functions by cumulative and own time).
 """
@@ -97,6 +105,38 @@ def profile(slowest: list, top: int) -> None:
         print(text[text.index("   ncalls") :].rstrip())
 
 
+CLUSTER_ROUTERS = ("least_loaded", "consistent_hashing", "sglang_cache_aware", "prefix_locality",
+                   "cacheroute")  # fmt: skip
+
+
+def bench_cluster(rate: float, routers: Sequence[str]) -> None:
+    from skv.experiments.cacheroute.cluster import ClusterSpec, simulate_point
+    from skv.experiments.cacheroute.study import CACHE_BLIND
+    from skv.experiments.cacheroute.workloads import generate
+
+    cluster = ClusterSpec()
+    n = int(rate * 60) + 8000
+    t0 = time.perf_counter()
+    requests = generate("aggregate", {"num_requests": n}, rate, 0)
+    setup = time.perf_counter() - t0
+    print(
+        f"\ncluster: aggregate workload, {n:,} requests at {rate:g} req/s (workload "
+        f"{setup:.2f} s); {cluster.replicas} replicas x {cluster.model} on {cluster.tp} x "
+        f"{cluster.gpu}, roofline, {cluster.kv_capacity_blocks(512):,} blocks of 512 tokens each"
+    )
+    print(f"  {'router':<20} {'wall s':>8} {'req/s':>9} {'p99 TTFT':>10} {'hit rate':>9}")
+    for router in routers:
+        params = {"prefix_blocks": 2} if router in ("cacheroute", "consistent_hashing") else {}
+        view = "exact" if router in CACHE_BLIND or router == "precise" else "approximate"
+        t1 = time.perf_counter()
+        m = simulate_point(requests, cluster, router, params, warmup_s=60.0, router_view=view)
+        wall = time.perf_counter() - t1
+        print(
+            f"  {router:<20} {wall:>8.2f} {n / wall:>9,.0f} {m['ttft_ms_p99']:>7,.0f} ms "
+            f"{m['hit_rate']:>9.3f}"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=12_000, help="synthetic workload size")
@@ -104,11 +144,18 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--policies", nargs="+", default=list(DEFAULT_POLICIES))
     ap.add_argument("--skip-mooncake", action="store_true")
+    ap.add_argument("--cluster", action="store_true", help="also the 15-replica cluster case")
+    ap.add_argument("--only-cluster", action="store_true", help="only the cluster case")
+    ap.add_argument("--cluster-rate", type=float, default=160.0, help="req/s of the cluster case")
+    ap.add_argument("--routers", nargs="+", default=list(CLUSTER_ROUTERS))
     ap.add_argument("--profile", action="store_true", help="cProfile the slowest run")
     ap.add_argument("--top", type=int, default=25, help="functions listed by --profile")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     slowest: list = []
+    if args.only_cluster:
+        bench_cluster(args.cluster_rate, args.routers)
+        return
 
     if not args.skip_mooncake:
         from skv.traces import find_trace, load_trace
@@ -130,6 +177,8 @@ def main() -> None:
     setup = time.perf_counter() - t0
     bench("multi_turn_chat (synthetic)", requests, 16, setup, args, slowest)
 
+    if args.cluster:
+        bench_cluster(args.cluster_rate, args.routers)
     if args.profile and slowest:
         profile(slowest, args.top)
 

@@ -141,6 +141,38 @@ def _paper_figures(docs: list[dict], curve) -> dict[str, object]:
         "gap_figure": gap_figure(_gap_sweep(), "Session gap", 30.0),
         **_repurpose_figures(),
         **_saecache_figures(),
+        **_cacheroute_figures(),
+    }
+
+
+def _cacheroute_figures() -> dict[str, object]:
+    """The CacheRoute study's figures on hand-made sweeps (the shapes run_qps and run_load
+    return; tests/test_cacheroute_study.py checks the values)."""
+    import pandas as pd
+
+    from skv.experiments.cacheroute import study as CR
+
+    cfg = CR.CacheRouteConfig.model_validate({
+        "id": "t", "workloads": [{"name": "aggregate"}, {"name": "dominant_key"}],
+        "routers": [{"name": "least_loaded"}, {"name": "sglang_cache_aware"},
+                    {"name": "cacheroute"}],
+        "seeds": [0, 1], "rates": [40.0, 80.0, 120.0],
+    })  # fmt: skip
+    qps = pd.DataFrame(
+        {"workload": w.key, "router": r.key, "seed": s, "qps": 100 + 30 * i + s,
+         "hit_rate": 0.6 + 0.1 * i, "ttft_ms_p99": 3000.0}
+        for w in cfg.workloads for i, r in enumerate(cfg.routers) for s in cfg.seeds
+    )  # fmt: skip
+    load = pd.DataFrame(
+        {"workload": w.key, "router": r.key, "seed": s, "rate": rate,
+         "ttft_ms_p99": 400.0 * (1 + i) * (rate / 40) ** 2 + s}
+        for w in cfg.workloads[:1] for i, r in enumerate(cfg.routers) for s in cfg.seeds
+        for rate in cfg.rates
+    )  # fmt: skip
+    load_cfg = cfg.model_copy(update={"workloads": cfg.workloads[:1]})
+    return {
+        "qps_figure": CR.qps_figure(qps, cfg, "Max QPS at SLO"),
+        "load_figure": CR.load_figure(load, load_cfg, "p99 TTFT vs load"),
     }
 
 
@@ -262,6 +294,8 @@ def test_every_figure_function_is_covered_here():
         "hit_vs_best_figure",
         "ablation_figure",
         "learned_params_figure",
+        "qps_figure",
+        "load_figure",
     }
 
 

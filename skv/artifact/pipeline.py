@@ -206,6 +206,39 @@ STEPS: dict[str, Step] = {
             _fig("fig_repurpose_ttft"),
             depends=("fig_repurpose_hit_rate",),
         ),
+        Step(
+            "fig_cacheroute_qps",
+            "cacheroute",
+            "experiments/cacheroute/qps_aggregate.yaml",
+            (*_fig("fig_cacheroute_qps"), "tables/cacheroute_qps.csv", "tables/cacheroute_qps.tex"),
+        ),
+        Step(
+            "fig_cacheroute_load",
+            "cacheroute",
+            "experiments/cacheroute/load_aggregate.yaml",
+            _fig("fig_cacheroute_load"),
+        ),
+        Step(
+            "fig_cacheroute_counterexample",
+            "cacheroute",
+            "experiments/cacheroute/counterexample.yaml",
+            (
+                *_fig("fig_cacheroute_counterexample"),
+                "tables/cacheroute_counterexample.csv",
+                "tables/cacheroute_counterexample.tex",
+            ),
+        ),
+        Step(
+            "fig_cacheroute_mooncake",
+            "cacheroute",
+            "experiments/cacheroute/qps_mooncake.yaml",
+            (
+                *_fig("fig_cacheroute_mooncake"),
+                "tables/cacheroute_mooncake.csv",
+                "tables/cacheroute_mooncake.tex",
+            ),
+            needs_traces=("mooncake/conversation_trace.jsonl",),
+        ),
     )
 }
 

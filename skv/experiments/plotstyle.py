@@ -106,6 +106,19 @@ POLICY_STYLES: dict[str, tuple[str, str, str]] = {
     "sglang_lfu": (OKABE_ITO["purple"], "d", "O"),
     "saecache": (OKABE_ITO["green"], "p", "\\"),
     "saecache_fixed": (OKABE_ITO["sky_blue"], "8", "x"),
+    # routers (skv/routing): the candidate cacheroute in the thesis colour
+    "cacheroute": (OKABE_ITO["vermillion"], "D", "|o"),
+    "cacheroute_defaults": (OKABE_ITO["vermillion"], "h", "xxxx"),
+    "round_robin": (OKABE_ITO["sky_blue"], "s", "///"),
+    "random": (OKABE_ITO["purple"], "v", "..."),
+    "least_loaded": (OKABE_ITO["blue"], "v", "\\\\\\"),
+    "power_of_two": (OKABE_ITO["sky_blue"], "^", "---"),
+    "consistent_hashing": (OKABE_ITO["green"], "D", "+++"),
+    "sglang_cache_aware": (OKABE_ITO["orange"], "s", "ooo"),
+    "dynamo_cost": (OKABE_ITO["purple"], "P", "***"),
+    "prefix_locality": (OKABE_ITO["black"], "^", "|||"),
+    "semantic_locality": (OKABE_ITO["black"], "v", "OO"),
+    "precise": (OKABE_ITO["black"], "o", "/o"),
 }
 _SPARE_COLOURS = tuple(c for k, c in OKABE_ITO.items() if k != "yellow")
 _SPARE_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "d", "p", "8")

@@ -67,7 +67,8 @@ class Ranking:
 
 def least_loaded_order(views: Sequence[ReplicaView]) -> list[int]:
     """Replica indices by (load, routed, index): the one tie-break every router shares."""
-    return sorted(range(len(views)), key=lambda i: (views[i].load, views[i].routed, i))
+    keyed = sorted([(v.load, v.routed, i) for i, v in enumerate(views)])
+    return [k[2] for k in keyed]
 
 
 class Router:

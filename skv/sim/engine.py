@@ -120,7 +120,7 @@ def simulate(
                 k = router.choose(st.rb)
                 st.replica = k
                 rep = replicas[k]
-                rep.waiting.append(st)
+                rep.enqueue(st)
                 if rep.busy:
                     sim.cut_run(k, now)
                     continue

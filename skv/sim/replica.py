@@ -69,7 +69,8 @@ class RequestState:
 @dataclass
 class Replica:
     """One replica's queue, batch and cache. ``iterations`` counts completed iterations;
-    ``decoding`` and ``decode_context`` are the next iteration's decode sums."""
+    ``decoding`` and ``decode_context`` are the next iteration's decode sums; ``load`` =
+    waiting + running requests (kept as a count: routers read it for every arrival)."""
 
     index: int
     cache: Any
@@ -82,6 +83,7 @@ class Replica:
     decode_context: int = 0
     busy: bool = False
     iterations: int = 0
+    load: int = 0
     _finishes: list[tuple[int, int, RequestState]] = field(default_factory=list)
     _chunked: int = 0  # the first _chunked prefilling requests have a chunk planned
     _admitted: int = 0
@@ -94,9 +96,10 @@ class Replica:
                 f"{self.max_running}, max_batch_tokens={self.max_batch_tokens}"
             )
 
-    @property
-    def load(self) -> int:
-        return len(self.waiting) + self.running
+    def enqueue(self, st: RequestState) -> None:
+        """A request routed here joins the admission queue."""
+        self.waiting.append(st)
+        self.load += 1
 
     @property
     def next_finish(self) -> int | None:
@@ -184,6 +187,7 @@ class Replica:
             self._chunked = 0
         if done:
             self.running -= len(done)
+            self.load -= len(done)
             if len(done) > 1:
                 done.sort(key=_by_seq)
         return done

@@ -191,6 +191,37 @@ def curve_value(df: pd.DataFrame, policy: str, capacity: str, metric: str = "blo
     return None if d.empty else float(d[metric].iloc[0])
 
 
+def gap_closed(
+    df: pd.DataFrame,
+    *,
+    baseline: str = "lru",
+    bound: str = "belady",
+    metric: str = "block_hit_rate",
+) -> pd.DataFrame:
+    """Per capacity and online policy: its hit rate minus ``baseline``'s in points, and the
+    share of the ``bound - baseline`` gap it closes (``(p - baseline) / (bound - baseline)``:
+    1 = as good as the offline bound, 0 = no better than the baseline, negative = worse; None
+    where the bound does not beat the baseline). Rows for capacities that ran both."""
+    rows = []
+    for cap in dict.fromkeys(df["capacity"]):
+        base, best = curve_value(df, baseline, cap, metric), curve_value(df, bound, cap, metric)
+        if base is None or best is None:
+            continue
+        gap = best - base
+        for pol in dict.fromkeys(df["policy"]):
+            if pol in (baseline, bound):
+                continue
+            v = curve_value(df, pol, cap, metric)
+            rows.append({
+                "capacity": cap,
+                "policy": pol,
+                f"vs_{baseline}_pts": 100 * (v - base),
+                f"{bound}_minus_{baseline}_pts": 100 * gap,
+                "gap_share": (v - base) / gap if gap > 0 else None,
+            })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
 def reuse_by_type(requests: Sequence, block_size: int | None = None) -> pd.DataFrame:
     """Per semantic type: prompt tokens, their share, and the share an infinite prefix cache
     would serve (a block reused along its chain, the ceiling of :func:`skv.replay.trace_totals`),

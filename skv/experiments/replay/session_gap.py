@@ -157,6 +157,23 @@ def diff_pts(df: pd.DataFrame, a: tuple[str, float], b: tuple[str, float], metri
     return interval([100 * (x - y) for x, y in zip(xa, xb, strict=True)])
 
 
+def gap_share(
+    df: pd.DataFrame,
+    policy: str,
+    gap_s: float,
+    metric: str,
+    baseline: str = "lru",
+    bound: str = "belady",
+) -> dict:
+    """Per seed, the share of the ``bound - baseline`` gap ``policy`` closes at ``gap_s``
+    (``(p - baseline) / (bound - baseline)``), with its t interval over seeds."""
+    p = per_seed(df, policy, gap_s, metric)
+    b = per_seed(df, baseline, gap_s, metric)
+    top = per_seed(df, bound, gap_s, metric)
+    shares = [(x - y) / (z - y) for x, y, z in zip(p, b, top, strict=True) if z > y]
+    return interval(shares)
+
+
 def gap_figure(
     df: pd.DataFrame, title: str, assumed_gap_s: float, metric: str = "block_hit_rate"
 ) -> Figure:

@@ -29,16 +29,14 @@ series of the first seed, and the fits and the learned-parameter figure need eve
 from __future__ import annotations
 
 import json
-import os
 import shutil
-from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from skv.experiments.config import ExperimentConfig, config_from_dict, load_config
+from skv.experiments.sweep import run_sweep
 
 CONFIG_DIR = "experiments/saecache"
 GRID_DIR = f"{CONFIG_DIR}/grid"
@@ -228,8 +226,9 @@ def _run_one(path: str, out_dir: str, quick: bool) -> tuple[str, str]:
 def run_configs(
     config_dir: str | Path, out_dir: str | Path, *, quick: bool, jobs: int | None = None
 ) -> dict[str, Path]:
-    """Run every config of ``config_dir`` into ``out_dir`` (emptied first), ``jobs`` at a time
-    in fresh processes (default: one per CPU core); returns experiment id -> run directory."""
+    """Run every config of ``config_dir`` into ``out_dir`` (emptied first) through the sweep
+    executor (:mod:`skv.experiments.sweep`; ``jobs`` processes, default ``SKV_JOBS`` or one
+    per CPU core); returns experiment id -> run directory."""
     paths = config_paths(config_dir)
     ids = [load_config(p).id for p in paths]  # every config valid before anything runs
     if len(set(ids)) != len(ids):
@@ -238,15 +237,13 @@ def run_configs(
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(paths)))
-    if jobs == 1:
-        done = [_run_one(str(p), str(out), quick) for p in paths]
-    else:
-        with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
-            done = list(
-                pool.map(_run_one, map(str, paths), [str(out)] * len(paths), [quick] * len(paths))
-            )
+    tasks = [(str(p), str(out), quick) for p in paths]
+    done = run_sweep(_run_task, tasks, jobs=jobs, label=f"{config_dir} configs")
     return {i: Path(d) for i, d in sorted(done)}
+
+
+def _run_task(task: tuple[str, str, bool]) -> tuple[str, str]:
+    return _run_one(*task)
 
 
 def load_runs(out_dir: str | Path) -> dict[str, dict[str, Any]]:

@@ -1,0 +1,192 @@
+"""The simulated cluster of the CacheRoute study, one load point on it, and the QPS-at-SLO search.
+
+Cluster (:class:`ClusterSpec`, defaults = the paper's deployment): 15 replicas, each
+Llama-3.3-70B fp8 on 4 H100s (tensor parallel 4), priced by the roofline latency model
+(:mod:`skv.latency.roofline`); open-loop arrivals (the workload's times, whatever the cluster
+does). KV capacity per replica = the memory left after the weights:
+``tp * memory_gb * gpu_memory_utilization - weight bytes``, divided by the model's KV bytes per
+token (163,840 B for this model) and by the block size: 4 x 80 GB x 0.9 - 70.6 GB = 217.4 GB,
+1.33M tokens, 2,591 blocks of 512 tokens. ``gpu_memory_utilization`` 0.9 is vLLM's default;
+activation and CUDA-graph memory are not subtracted (a few GB at this batch size: an
+assumption that errs towards a larger cache for every router alike). Eviction in each replica:
+``vllm`` (vLLM's V1 block pool, exact).
+
+One point (:func:`simulate_point`): a workload at one offered rate and seed through the cluster
+with one router. Requests arriving in the first ``warmup_s`` seconds warm the caches, queues
+and router state and are not measured; p99 TTFT, the served hit rate (cached prompt tokens /
+prompt tokens), mean TTFT and throughput are over the rest. Warm-up is in time, not in
+requests, because router state converges in time: ``cacheroute`` plans every 10 s from an
+EWMA that starts at zero, and its first plans (rates still ramping up) can overload a replica
+for tens of seconds (measured: a 12 s queue on one replica at 160 req/s, gone after 60 s);
+60 s is six periods, when the EWMA's start-up weight is 1/64. All latencies are SIMULATED.
+
+The search (:func:`max_qps`): the highest offered rate whose measured p99 TTFT (or the
+config's ``slo_percentile``) is at most the SLO, by bisection on the rate. Common random
+numbers (the same seed at every rate is the same requests, compressed in time:
+:mod:`skv.experiments.cacheroute.workloads`) make p99 TTFT nearly monotone in the rate;
+bisection assumes it is and reports every point it evaluated.
+The bracket starts at ``[lo, hi]``; ``hi`` doubles while it still meets the SLO (at most
+``max_doublings`` times); ``lo`` failing means the answer is below ``lo`` (reported as 0 with
+the flag ``below_lo``). Bisection stops when the bracket is narrower than ``rel_tol`` of its
+upper end. A finite run at a rate just above capacity queues only part of its backlog, so
+QPS is slightly overestimated near the knee, the same way for every router.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from skv.latency import make_latency_model
+from skv.latency.gpus import get_gpu
+from skv.sim import SimConfig, simulate
+from skv.sizing import get_model
+
+log = logging.getLogger(__name__)
+
+
+class ClusterSpec(BaseModel):
+    """The deployment every router is compared on (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    replicas: int = Field(default=15, ge=1, le=1024)
+    model: str = "llama-3.3-70b-fp8"
+    gpu: str = "H100"
+    tp: int = Field(default=4, ge=1, le=64)
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    mfu: float = Field(default=0.5, gt=0, le=1)
+    mbu: float = Field(default=0.8, gt=0, le=1)
+    policy: str = "vllm"
+    max_batch_tokens: int = Field(default=8192, ge=1)
+    max_running: int = Field(default=256, ge=1)
+    capacity_blocks: int | None = Field(default=None, ge=1, description="None: from memory")
+
+    def latency(self) -> Any:
+        return make_latency_model(
+            "roofline", model=self.model, gpu=self.gpu, tp=self.tp, mfu=self.mfu, mbu=self.mbu
+        )
+
+    def kv_capacity_blocks(self, block_tokens: int) -> int:
+        """Blocks of ``block_tokens`` tokens that fit in one replica's KV memory."""
+        if self.capacity_blocks is not None:
+            return self.capacity_blocks
+        preset, gpu = get_model(self.model), get_gpu(self.gpu)
+        weights = preset.num_params * preset.weight_dtype_bytes
+        budget = self.tp * gpu.memory_gb * 1e9 * self.gpu_memory_utilization - weights
+        if budget <= 0:
+            raise ValueError(
+                f"cluster: {self.model} weights ({weights / 1e9:.1f} GB) leave no KV memory on "
+                f"{self.tp} x {gpu.name} at gpu_memory_utilization {self.gpu_memory_utilization}"
+            )
+        return max(1, int(budget / preset.kv_bytes_per_token // block_tokens))
+
+
+def simulate_point(
+    requests: list,
+    cluster: ClusterSpec,
+    router: str,
+    router_params: dict[str, Any],
+    *,
+    warmup_s: float = 60.0,
+    router_view: str = "exact",
+    slo_percentile: float = 99.0,
+) -> dict[str, float]:
+    """Serve ``requests`` on the cluster with ``router``; metrics over the requests arriving
+    at or after ``warmup_s`` (seconds from the first arrival). ``ttft_ms_slo`` is the TTFT
+    percentile the SLO is on (``slo_percentile``, default the p99)."""
+    if not warmup_s >= 0:
+        raise ValueError(f"warmup_s must be >= 0, got {warmup_s}")
+    block_tokens = requests[0].hash_block_size or 16
+    config = SimConfig(
+        policy=cluster.policy,
+        capacity_blocks=cluster.kv_capacity_blocks(block_tokens),
+        block_size=block_tokens,
+        replicas=cluster.replicas,
+        router=router,
+        router_params=dict(router_params),
+        max_batch_tokens=cluster.max_batch_tokens,
+        max_running=cluster.max_running,
+        sample_every_s=1e9,  # no memory series needed
+        policy_metrics_every=0,
+        **_view_fields(router_view),
+    )
+    res = simulate(requests, config, cluster.latency(), progress=False)
+    t0 = res.requests[0]["arrival_s"]
+    rows = [r for r in res.requests if r["arrival_s"] - t0 >= warmup_s]
+    if not rows:
+        raise ValueError(f"no request arrives after the {warmup_s} s warm-up")
+    ttft = np.array([r["ttft_ms"] for r in rows])
+    prompt = sum(r["prompt_tokens"] for r in rows)
+    cached = sum(r["cached_tokens"] for r in rows)
+    start = min(r["arrival_s"] for r in rows)
+    end = max(r["arrival_s"] + r["e2e_ms"] / 1e3 for r in rows)
+    per_replica = np.bincount([r["replica"] for r in rows], minlength=cluster.replicas)
+    return {
+        "ttft_ms_slo": float(np.percentile(ttft, slo_percentile)),
+        "ttft_ms_p99": float(np.percentile(ttft, 99)),
+        "ttft_ms_p50": float(np.percentile(ttft, 50)),
+        "ttft_ms_mean": float(ttft.mean()),
+        "hit_rate": cached / prompt if prompt else 0.0,
+        "throughput_rps": len(rows) / max(end - start, 1e-9),
+        "max_replica_share": float(per_replica.max() / max(1, per_replica.sum())),
+        "measured_requests": len(rows),
+    }
+
+
+def _view_fields(view: str) -> dict[str, Any]:
+    """SimConfig fields for the router's view of the replicas (``exact`` is SimConfig's
+    default, so no field is passed for it)."""
+    if view == "exact":
+        return {}
+    return {"router_view": view}
+
+
+def max_qps(
+    measure: Callable[[float], dict[str, float]],
+    slo_ms: float,
+    *,
+    lo: float,
+    hi: float,
+    rel_tol: float = 0.02,
+    max_doublings: int = 4,
+    key: str = "ttft_ms_p99",
+) -> dict[str, Any]:
+    """The highest rate with ``measure(rate)[key] <= slo_ms`` (see module docstring).
+
+    Returns ``qps`` (0 when even ``lo`` misses), ``below_lo``, ``above_hi`` (``hi`` still met
+    the SLO after every doubling: the answer is at least ``qps``), the metrics at ``qps``
+    (``at``) and every evaluated ``points`` (rate, p99, hit rate) in evaluation order."""
+    if not 0 < lo < hi:
+        raise ValueError(f"need 0 < lo < hi, got lo={lo}, hi={hi}")
+    if not 0 < rel_tol < 1:
+        raise ValueError(f"rel_tol must be in (0, 1), got {rel_tol}")
+    points: list[dict[str, float]] = []
+
+    def ok(rate: float) -> tuple[bool, dict[str, float]]:
+        m = measure(rate)
+        points.append({"rate": rate, **m})
+        return m[key] <= slo_ms, m
+
+    good, at = ok(lo)
+    if not good:
+        return {"qps": 0.0, "below_lo": True, "above_hi": False, "at": at, "points": points}
+    best, best_m = lo, at
+    for _ in range(max_doublings + 1):
+        good, m = ok(hi)
+        if not good:
+            break
+        best, best_m, lo, hi = hi, m, hi, hi * 2
+    else:
+        return {"qps": best, "below_lo": False, "above_hi": True, "at": best_m, "points": points}
+    while hi - lo > rel_tol * hi:
+        mid = (lo + hi) / 2
+        good, m = ok(mid)
+        if good:
+            lo, best, best_m = mid, mid, m
+        else:
+            hi = mid
+    return {"qps": best, "below_lo": False, "above_hi": False, "at": best_m, "points": points}

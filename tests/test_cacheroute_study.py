@@ -1,0 +1,355 @@
+"""The CacheRoute study's parts: cluster workloads, KV capacity, the QPS search, one load point,
+the config, the summary and claim values, and the sweep executor."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from skv.experiments.cacheroute import study as S
+from skv.experiments.cacheroute.cluster import ClusterSpec, max_qps, simulate_point
+from skv.experiments.cacheroute.workloads import (
+    SyntheticParams,
+    _key_shares,
+    generate,
+)
+from skv.experiments.config import ConfigError
+from skv.experiments.sweep import default_jobs, run_sweep
+
+CONFIGS = sorted(Path("experiments/cacheroute").glob("*.yaml"))
+
+
+# ------------------------------------------------------------------------------ workloads
+
+
+@pytest.mark.parametrize("name", ["aggregate", "dominant_key", "shifting_skew"])
+def test_workloads_are_seeded(name):
+    a = generate(name, {"num_requests": 300}, 50.0, 7)
+    b = generate(name, {"num_requests": 300}, 50.0, 7)
+    c = generate(name, {"num_requests": 300}, 50.0, 8)
+    assert [(r.hash_ids, r.arrival_s, r.output_tokens) for r in a] == [
+        (r.hash_ids, r.arrival_s, r.output_tokens) for r in b
+    ]
+    assert [r.hash_ids for r in a] != [r.hash_ids for r in c]
+
+
+@pytest.mark.parametrize("name", ["aggregate", "dominant_key"])
+def test_a_higher_rate_compresses_the_same_requests_in_time(name):
+    """Common random numbers: the first requests at rate 2r are those at rate r, at half the
+    times, however many requests each run draws."""
+    slow = generate(name, {"num_requests": 400}, 40.0, 3)
+    fast = generate(name, {"num_requests": 1000}, 80.0, 3)
+    for s, f in zip(slow, fast, strict=False):
+        assert (s.hash_ids, s.output_tokens, s.prompt_tokens) == (
+            f.hash_ids,
+            f.output_tokens,
+            f.prompt_tokens,
+        )
+        assert f.arrival_s == pytest.approx(s.arrival_s / 2, rel=1e-12)
+
+
+def test_aggregate_requests_share_their_keys_prefix_and_nothing_else():
+    p = SyntheticParams(num_requests=2000, keys=50, prefix_blocks=(3, 6), block_tokens=64)
+    reqs = generate("aggregate", p.model_dump(), 100.0, 1)
+    by_key: dict[str, list] = {}
+    suffix_ids: list[int] = []
+    for r in reqs:
+        by_key.setdefault(r.session_id, []).append(r)
+        sys_tokens = r.segments[0].num_tokens
+        assert sys_tokens % 64 == 0 and 3 <= sys_tokens // 64 <= 6
+        nb = sys_tokens // 64
+        assert len(r.hash_ids) == nb + math.ceil(r.segments[1].num_tokens / 64)
+        suffix_ids += r.hash_ids[nb:]
+    assert len(suffix_ids) == len(set(suffix_ids))  # suffixes are unique content
+    for rs in by_key.values():
+        nb = rs[0].segments[0].num_tokens // 64
+        assert {tuple(r.hash_ids[:nb]) for r in rs} == {tuple(rs[0].hash_ids[:nb])}
+    # prefixes of different keys never share a block
+    firsts = [rs[0].hash_ids[0] for rs in by_key.values()]
+    assert len(firsts) == len(set(firsts))
+
+
+def test_aggregate_key_shares_follow_the_zipf_law():
+    p = SyntheticParams(keys=100, key_zipf=1.1)
+    shares = _key_shares(p)
+    h = sum(1 / (i + 1) ** 1.1 for i in range(100))
+    assert shares[0] == pytest.approx(1 / h) and shares[9] == pytest.approx(10**-1.1 / h)
+    n = 20_000
+    reqs = generate("aggregate", {"num_requests": n, "keys": 100}, 100.0, 2)
+    counts = pd.Series([r.session_id for r in reqs]).value_counts()
+    top = counts.iloc[0]
+    sd = math.sqrt(n * shares[0] * (1 - shares[0]))
+    assert abs(top - n * shares[0]) < 4 * sd  # the hottest key's count, binomial bound
+
+
+def test_dominant_key_takes_its_share():
+    n = 10_000
+    reqs = generate("dominant_key", {"num_requests": n, "dominant_share": 0.4}, 100.0, 0)
+    top = pd.Series([r.session_id for r in reqs]).value_counts().iloc[0]
+    assert abs(top - 0.4 * n) < 4 * math.sqrt(n * 0.4 * 0.6)
+
+
+def test_shifting_skew_changes_the_hot_key_between_phases():
+    reqs = generate(
+        "shifting_skew", {"num_requests": 6000, "keys": 200, "shift_every_s": 20.0}, 100.0, 0
+    )
+    hot = []
+    for phase in range(3):
+        keys = [r.session_id for r in reqs if phase * 20 <= r.arrival_s < (phase + 1) * 20]
+        hot.append(pd.Series(keys).value_counts().index[0])
+    assert len(set(hot)) == 3
+
+
+def test_bad_workload_inputs_are_clear_errors():
+    with pytest.raises(ValueError, match="rate must be"):
+        generate("aggregate", {}, 0.0, 0)
+    with pytest.raises(ValueError, match="unknown cluster workload"):
+        generate("nope", {}, 1.0, 0)
+    with pytest.raises(ValueError, match="prefix_blocks"):
+        SyntheticParams(prefix_blocks=(5, 2))
+
+
+@pytest.mark.slow
+def test_mooncake_windows_are_time_scaled_to_the_rate():
+    from skv.traces import find_trace
+
+    try:
+        find_trace("mooncake/conversation_trace.jsonl")
+    except FileNotFoundError:
+        pytest.skip("needs the Mooncake trace (SKV_TRACE_DIR)")
+    a = generate("mooncake", {"num_requests": 3000, "stride": 1000}, 10.0, 1)
+    b = generate("mooncake", {"num_requests": 3000, "stride": 1000}, 20.0, 1)
+    assert a[0].request_id.endswith(":1001") and a[0].arrival_s == 0.0
+    assert [r.hash_ids for r in a] == [r.hash_ids for r in b]
+    assert [2 * r.arrival_s for r in b] == pytest.approx([r.arrival_s for r in a])
+
+
+# ------------------------------------------------------------------------------ cluster
+
+
+def test_kv_capacity_is_the_memory_left_after_the_weights():
+    # 4 x 80 GB x 0.9 - 70.6 GB = 217.4 GB = 1,326,904.3 tokens of 163,840 B
+    assert ClusterSpec().kv_capacity_blocks(512) == 2591  # 2,591.6 blocks of 512
+    assert ClusterSpec().kv_capacity_blocks(16) == 82_931  # 82,931.5 blocks of 16
+    # 4 x 80 x 0.5 - 70.6 = 89.4 GB = 545,654 tokens = 1,065.7 blocks of 512
+    assert ClusterSpec(gpu_memory_utilization=0.5).kv_capacity_blocks(512) == 1_065
+    assert ClusterSpec(capacity_blocks=7).kv_capacity_blocks(512) == 7
+    with pytest.raises(ValueError, match="leave no KV memory"):
+        ClusterSpec(tp=1, gpu_memory_utilization=0.8).kv_capacity_blocks(512)  # 64 < 70.6 GB
+
+
+def test_max_qps_bisects_to_the_slo_crossing():
+    seen = []
+
+    def measure(rate):
+        seen.append(rate)
+        return {"ttft_ms_p99": 10.0 * rate}
+
+    res = max_qps(measure, 1000.0, lo=20.0, hi=160.0, rel_tol=0.02)
+    # 20 ok, 160 fails, then bisection between 20 and 160 down to a 2% bracket
+    assert seen[:2] == [20.0, 160.0]
+    assert seen[2:5] == [90.0, 125.0, 107.5]
+    assert 98.0 <= res["qps"] <= 100.0 and res["at"]["ttft_ms_p99"] <= 1000.0
+    assert not res["below_lo"] and not res["above_hi"]
+    assert len(res["points"]) == len(seen)
+
+
+def test_max_qps_doubles_the_bracket_and_reports_its_ends():
+    res = max_qps(lambda r: {"ttft_ms_p99": r}, 500.0, lo=10.0, hi=40.0, rel_tol=0.05)
+    assert 475.0 <= res["qps"] <= 500.0  # 40 -> 80 -> 160 -> 320 -> 640 fails
+    assert [p["rate"] for p in res["points"]][:6] == [10, 40, 80, 160, 320, 640]
+    low = max_qps(lambda r: {"ttft_ms_p99": 1e9}, 500.0, lo=10.0, hi=40.0)
+    assert low["qps"] == 0.0 and low["below_lo"] and len(low["points"]) == 1
+    high = max_qps(lambda r: {"ttft_ms_p99": 0.0}, 500.0, lo=10.0, hi=40.0, max_doublings=2)
+    assert high["above_hi"] and high["qps"] == 160.0
+    with pytest.raises(ValueError, match="lo < hi"):
+        max_qps(lambda r: {"ttft_ms_p99": 0.0}, 1.0, lo=5.0, hi=5.0)
+
+
+SMALL = ClusterSpec(replicas=3, capacity_blocks=300)
+
+
+def test_a_point_measures_only_requests_after_the_warm_up():
+    reqs = generate("aggregate", {"num_requests": 1500, "keys": 100}, 30.0, 0)
+    warm = sum(1 for r in reqs if r.arrival_s - reqs[0].arrival_s < 20.0)
+    m = simulate_point(reqs, SMALL, "least_loaded", {}, warmup_s=20.0)
+    assert m["measured_requests"] == len(reqs) - warm
+    with pytest.raises(ValueError, match="no request arrives after"):
+        simulate_point(reqs, SMALL, "least_loaded", {}, warmup_s=1e6)
+
+
+def test_routers_that_keep_prefixes_together_hit_more_than_cache_blind_ones():
+    """What affinity exists for: on shared prefixes larger than one replica's cache, a
+    prefix-keyed router's served hit rate is strictly above a cache-blind one's."""
+    reqs = generate("aggregate", {"num_requests": 3000, "keys": 300}, 20.0, 0)
+    blind = simulate_point(reqs, SMALL, "least_loaded", {}, warmup_s=30.0)
+    for name, params, view in [
+        ("consistent_hashing", {"prefix_blocks": 2}, "exact"),
+        ("prefix_locality", {}, "approximate"),
+        ("cacheroute", {"prefix_blocks": 2, "admit_rate": 0.02, "evict_rate": 0.01}, "exact"),
+    ]:
+        m = simulate_point(reqs, SMALL, name, params, warmup_s=30.0, router_view=view)
+        assert m["hit_rate"] > blind["hit_rate"] + 0.05, (name, m, blind)
+
+
+# ------------------------------------------------------------------------------ config
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("quick", [False, True])
+def test_the_pinned_configs_load(path, quick):
+    cfg = S.load_config(path, quick=quick)
+    assert cfg.routers and cfg.seeds
+    if not quick:
+        assert len(cfg.seeds) >= 3  # claims over seeds
+    assert S.num_requests(cfg, 100.0) == 6000 + cfg.measured_requests
+
+
+def _write(tmp_path, text):
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    return p
+
+
+BASE = """id: t
+workloads: [{name: aggregate}]
+routers: [{name: least_loaded}, {name: cacheroute}]
+seeds: [0]
+"""
+
+
+@pytest.mark.parametrize(
+    "extra,match",
+    [
+        ("routers: [{name: nope}]\n", "unknown router"),
+        ("routers: [{name: least_loaded}, {name: least_loaded}]\n", "labels must be unique"),
+        ("workloads: [{name: aggregate, params: {num_requests: 5}}]\n", "set per point"),
+        ("workloads: [{name: aggregate, params: {keys: 0}}]\n", "keys"),
+        ("kind: load\n", "needs rates"),
+        ("search: {lo: 5, hi: 2}\n", "lo < hi"),
+        ("slo_ms: -1\n", "slo_ms"),
+    ],
+)
+def test_bad_configs_name_the_field(tmp_path, extra, match):
+    lines = [ln for ln in BASE.splitlines() if ln.split(":")[0] not in extra.split(":")[0]]
+    with pytest.raises(ConfigError, match=match):
+        S.load_config(_write(tmp_path, "\n".join(lines) + "\n" + extra), quick=False)
+
+
+def test_quick_overrides_replace_top_level_fields(tmp_path):
+    p = _write(tmp_path, BASE + "quick: {seeds: [3], measured_requests: 200}\n")
+    assert S.load_config(p, quick=True).seeds == [3]
+    assert S.load_config(p, quick=True).measured_requests == 200
+    assert S.load_config(p, quick=False).seeds == [0]
+
+
+# ------------------------------------------------------------------------------ summaries
+
+
+def _cfg():
+    return S.CacheRouteConfig.model_validate({
+        "id": "t",
+        "workloads": [{"name": "aggregate"}],
+        "routers": [
+            {"name": "least_loaded"},
+            {"name": "prefix_locality"},
+            {"name": "cacheroute"},
+        ],
+        "seeds": [0, 1, 2],
+    })  # fmt: skip
+
+
+def _qps_frame():
+    rows = []
+    table = {"least_loaded": [100, 110, 90], "prefix_locality": [200, 180, 220],
+             "cacheroute": [300, 360, 330]}  # fmt: skip
+    hits = {"least_loaded": 0.5, "prefix_locality": 0.8, "cacheroute": 0.9}
+    for router, values in table.items():
+        for seed, q in enumerate(values):
+            hit = hits[router] + 0.01 * seed
+            rows.append({"workload": "aggregate", "router": router, "seed": seed, "qps": q,
+                         "hit_rate": hit, "ttft_ms_slo": 3e3, "ttft_ms_p99": 3e3})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_claim_values_compare_with_every_router_per_seed():
+    cfg, qps = _cfg(), _qps_frame()
+    v = S.claim_values(cfg, qps)
+    assert v["aggregate_best_baseline"] == "prefix_locality"
+    assert v["aggregate_best_cache_blind"] == "least_loaded"
+    ratio = v["aggregate_cacheroute_vs_prefix_locality"]
+    assert ratio["value"] == pytest.approx(np.mean([300 / 200, 360 / 180, 330 / 220]))
+    assert ratio["n"] == 3 and ratio["ci95"][0] < ratio["value"] < ratio["ci95"][1]
+    blind = v["aggregate_cacheroute_vs_least_loaded"]
+    assert blind["value"] == pytest.approx(np.mean([3.0, 360 / 110, 330 / 90]))
+    assert v["aggregate_cacheroute_hit_pct"]["value"] == pytest.approx(91.0)
+    assert v["aggregate_least_loaded_hit_pct"]["value"] == pytest.approx(51.0)
+    assert v["aggregate_prefix_locality_qps"]["value"] == pytest.approx(200.0)
+    assert "aggregate_cacheroute_vs_cacheroute" not in v
+    assert v["replicas"] == 15 and v["capacity_blocks"] == 2591 and v["seeds"] == 3
+    # every router against every cache-blind one
+    assert v["aggregate_prefix_locality_vs_least_loaded"]["value"] == pytest.approx(
+        np.mean([2.0, 180 / 110, 220 / 90])
+    )
+    assert v["slo_metric"] == "p99 TTFT"
+
+
+def test_summary_table_rows_and_ratio():
+    t = S.summary_table(_qps_frame(), _cfg()).set_index("router")
+    assert list(t.index) == ["least_loaded", "prefix_locality", "cacheroute"]
+    assert t.loc["prefix_locality", "vs_best_baseline"] == pytest.approx(1.0)
+    assert t.loc["least_loaded", "kind"] == "cache-blind"
+    assert t.loc["prefix_locality", "kind"] == "cache-aware"
+    assert t.loc["cacheroute", "kind"] == "candidate"
+    assert t.loc["prefix_locality", "qps_sd"] == pytest.approx(20.0)
+
+
+def test_load_claim_values_are_paired_differences():
+    cfg = S.CacheRouteConfig.model_validate({
+        "id": "t", "kind": "load", "workloads": [{"name": "aggregate"}],
+        "routers": [{"name": "least_loaded"}, {"name": "cacheroute"}],
+        "seeds": [0, 1], "rates": [50.0],
+    })  # fmt: skip
+    load = pd.DataFrame(
+        [
+            {"workload": "aggregate", "router": r, "seed": s, "rate": 50.0, "ttft_ms_p99": p}
+            for r, s, p in [
+                ("least_loaded", 0, 3000.0),
+                ("least_loaded", 1, 5000.0),
+                ("cacheroute", 0, 1000.0),
+                ("cacheroute", 1, 2000.0),
+            ]
+        ]
+    )
+    v = S.load_claim_values(cfg, load)
+    assert v["aggregate_cacheroute_minus_least_loaded_p99_s_at_50"]["value"] == pytest.approx(-2.5)
+
+
+# ------------------------------------------------------------------------------ sweep executor
+
+
+def test_the_sweep_keeps_task_order_whatever_the_processes():
+    tasks = [(i, 7) for i in range(9)]
+    assert run_sweep(pow_task, [], jobs=2) == []
+    serial = run_sweep(pow_task, tasks, jobs=1)
+    parallel = run_sweep(pow_task, tasks, jobs=2)
+    assert serial == parallel == [pow(i, 7, 1_000_003) for i in range(9)]
+
+
+def pow_task(t: tuple[int, int]) -> int:
+    return pow(t[0], t[1], 1_000_003)
+
+
+def test_sweep_jobs_come_from_skv_jobs(monkeypatch):
+    monkeypatch.setenv("SKV_JOBS", "3")
+    assert default_jobs() == 3
+    for bad in ("0", "x"):
+        monkeypatch.setenv("SKV_JOBS", bad)
+        with pytest.raises(ValueError, match="SKV_JOBS"):
+            default_jobs()
+    with pytest.raises(ValueError, match="jobs must be"):
+        run_sweep(pow_task, [(1, 1)], jobs=0)

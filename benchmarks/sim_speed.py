@@ -127,6 +127,8 @@ def bench_cluster(rate: float, routers: Sequence[str]) -> None:
     print(f"  {'router':<20} {'wall s':>8} {'req/s':>9} {'p99 TTFT':>10} {'hit rate':>9}")
     for router in routers:
         params = {"prefix_blocks": 2} if router in ("cacheroute", "consistent_hashing") else {}
+        if router == "cacheroute":  # the thresholds of experiments/cacheroute/qps_aggregate.yaml
+            params.update(admit_rate=0.02, evict_rate=0.01)
         view = "exact" if router in CACHE_BLIND or router == "precise" else "approximate"
         t1 = time.perf_counter()
         m = simulate_point(requests, cluster, router, params, warmup_s=60.0, router_view=view)

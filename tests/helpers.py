@@ -221,3 +221,15 @@ def make_claim(**over: Any) -> Any:
         "quick": {"expected": 2.0, "tolerance": 0.1},
     }
     return Claim.model_validate({**base, **over})
+
+
+def json_paths(node: Any, prefix: tuple = ()) -> Iterator[tuple]:
+    """Every key/index path in a JSON document (the fuzz tests mutate one at a time)."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield (*prefix, k)
+            yield from json_paths(v, (*prefix, k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield (*prefix, i)
+            yield from json_paths(v, (*prefix, i))

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 import yaml
+from helpers import json_paths
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -100,19 +101,8 @@ values = st.recursive(
 )
 
 
-def _paths(node: Any, prefix: tuple = ()) -> Iterator[tuple]:
-    if isinstance(node, dict):
-        for k, v in node.items():
-            yield (*prefix, k)
-            yield from _paths(v, (*prefix, k))
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            yield (*prefix, i)
-            yield from _paths(v, (*prefix, i))
-
-
 def _keys(node: Any) -> set[str]:
-    return {p[-1] for p in _paths(node) if isinstance(p[-1], str)}
+    return {p[-1] for p in json_paths(node) if isinstance(p[-1], str)}
 
 
 def _dump(doc: Any) -> bytes:
@@ -123,7 +113,7 @@ def _dump(doc: Any) -> bytes:
 def value_replaced(draw: st.DrawFn, seed: Any) -> bytes:
     """The shipped config with one value, at any depth, replaced by any value."""
     doc = yaml.safe_load(yaml.safe_dump(seed))  # a copy
-    paths = list(_paths(doc))
+    paths = list(json_paths(doc))
     if paths:
         path = draw(st.sampled_from(paths))
         node = doc

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import json_paths
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -111,18 +112,6 @@ def mutated(draw: st.DrawFn, seed: str) -> bytes:
     return bytes(data)
 
 
-def _paths(node: Any, prefix: tuple = ()) -> Iterator[tuple]:
-    """Every key/index path in a JSON document."""
-    if isinstance(node, dict):
-        for k, v in node.items():
-            yield (*prefix, k)
-            yield from _paths(v, (*prefix, k))
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            yield (*prefix, i)
-            yield from _paths(v, (*prefix, i))
-
-
 def _set(doc: Any, path: tuple, value: Any) -> Any:
     if not path:
         return value
@@ -147,7 +136,7 @@ def field_replaced(draw: st.DrawFn, fmt: str, seed: str) -> bytes:
     else:
         docs = [json.loads(line) for line in seed.splitlines() if line.strip()]
     i = draw(st.integers(0, len(docs) - 1))
-    paths = list(_paths(docs[i]))
+    paths = list(json_paths(docs[i]))
     path = draw(st.sampled_from(paths)) if paths else ()
     docs[i] = _set(docs[i], path, draw(json_values))
     out = "\n".join(json.dumps(d, allow_nan=True) for d in docs)

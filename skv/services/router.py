@@ -597,13 +597,15 @@ class Dispatcher:
         a 4xx is the client's doing; anything else counts against the replica."""
         if o.error_kind is None and call.stamp is not None:  # served: the tenant owns it
             self.claim(call, i)
+        # the decision line first: once a slot is free its request is on record (a reader that
+        # waits for in_flight == 0 sees every line)
+        self.log(call, i, o)
         if o.error_kind in (None, "dropped_stream", "client_gone"):
             self.state.finish(i, call.rb, ok=True)
         elif o.upstream_status is not None and o.upstream_status < 500 and o.status < 500:
             self.state.finish(i, None, ok=True)
         else:
             self.state.finish(i, None, ok=False)
-        self.log(call, i, o)
 
     def claim(self, call: _Call, i: int) -> None:
         """Precise + isolation: replica ``i`` served the call's prompt, so its tenant owns those

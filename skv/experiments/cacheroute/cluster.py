@@ -112,7 +112,7 @@ def simulate_point(
         max_running=cluster.max_running,
         sample_every_s=1e9,  # no memory series needed
         policy_metrics_every=0,
-        **_view_fields(router_view),
+        router_view=router_view,
     )
     res = simulate(requests, config, cluster.latency(), progress=False)
     t0 = res.requests[0]["arrival_s"]
@@ -135,14 +135,6 @@ def simulate_point(
         "max_replica_share": float(per_replica.max() / max(1, per_replica.sum())),
         "measured_requests": len(rows),
     }
-
-
-def _view_fields(view: str) -> dict[str, Any]:
-    """SimConfig fields for the router's view of the replicas (``exact`` is SimConfig's
-    default, so no field is passed for it)."""
-    if view == "exact":
-        return {}
-    return {"router_view": view}
 
 
 def max_qps(

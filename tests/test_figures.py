@@ -142,7 +142,22 @@ def _paper_figures(docs: list[dict], curve) -> dict[str, object]:
         **_repurpose_figures(),
         **_saecache_figures(),
         **_cacheroute_figures(),
+        "eviction_figure": _vllm_eviction_figure(),
     }
+
+
+def _vllm_eviction_figure():
+    """The plugin study's figure on a hand-made result (the shape run_vllm_eviction returns;
+    tests/test_vllm_eviction.py runs the real one on the engine)."""
+    from skv.experiments.vllm_eviction import study as VE
+
+    rows = [
+        {"variant": v, "measured_hit_rate": h, "simulated_hit_rate": h, "exact_agreement": 1.0,
+         "ttft_median_ms": 13.0 + i, "ttft_p90_ms": 20.0 + i}
+        | ({"concurrent_hit_rate": h - 0.02} if v in ("stock", "saecache") else {})
+        for i, (v, h) in enumerate((("stock", 0.52), ("lru", 0.52), ("saecache", 0.56)))
+    ]  # fmt: skip
+    return VE.eviction_figure({"rows": rows, "min_exact_agreement": 1.0, "config": {}})
 
 
 def _cacheroute_figures() -> dict[str, object]:
@@ -296,6 +311,7 @@ def test_every_figure_function_is_covered_here():
         "learned_params_figure",
         "qps_figure",
         "load_figure",
+        "eviction_figure",
     }
 
 

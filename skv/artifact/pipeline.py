@@ -190,6 +190,13 @@ STEPS: dict[str, Step] = {
             needs_engine=True,
         ),
         Step(
+            "fig_vllm_eviction",
+            "vllm_eviction",
+            "experiments/vllm_eviction/vllm_eviction.yaml",
+            (*_fig("fig_vllm_eviction"), "tables/vllm_eviction.csv", "tables/vllm_eviction.tex"),
+            needs_engine=True,
+        ),
+        Step(
             "fig_repurpose_hit_rate",
             "repurpose",
             "experiments/repurpose/repurpose_capacity.yaml",

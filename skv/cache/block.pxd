@@ -60,8 +60,8 @@ cdef class Counters:
     cdef long long hit_blk_by_type[16]
     cdef long long evict_by_type[16]
     cdef dict evict_by_reason
-    cdef void request(self, long long blocks, long long prompt_tokens, long long hit_blocks,
+    cpdef void request(self, long long blocks, long long prompt_tokens, long long hit_blocks,
                       long long hit_tokens)
-    cdef void hit(self, Py_ssize_t stype, long long tokens)
-    cdef void eviction(self, Py_ssize_t stype, str reason) except *
+    cpdef void hit(self, Py_ssize_t stype, long long tokens)
+    cpdef void eviction(self, Py_ssize_t stype, str reason) except *
     cpdef snapshot(self)

@@ -56,7 +56,8 @@ class Block:
         self.pseq = 0
 
     def __repr__(self) -> str:
-        return f"Block(key={self.key:#x}, stype={self.stype}, pos={self.pos}, ref={self.ref})"
+        key = f"{self.key:#x}" if isinstance(self.key, int) else repr(self.key)  # vLLM: bytes
+        return f"Block(key={key}, stype={self.stype}, pos={self.pos}, ref={self.ref})"
 
 
 def new_block(

@@ -139,6 +139,8 @@ def synthetic_trace(cfg: dict[str, Any]) -> list[Request]:
     weights = [1.0 / (k + 1) ** float(cfg["zipf_s"]) for k in range(n_docs)]
     olo, ohi = cfg["own_blocks"]
     uid = 900_000
+    kind = cfg.get("types", "rag")
+    turns: dict[int, int] = {}
     out: list[Request] = []
     for i in range(int(cfg["num_requests"])):
         d = rng.choices(range(n_docs), weights)[0]
@@ -147,21 +149,50 @@ def synthetic_trace(cfg: dict[str, Any]) -> list[Request]:
         uid += len(own)
         ids = shared + own
         tokens = bs * (len(ids) - 1) + rng.randint(1, bs - 1)  # partial last block
-        doc_tokens = bs * len(shared)
+        # agent: each shared prefix is one agent's session (its tool calls are the turns)
+        turn = turns[d] = turns.get(d, -1) + 1
         out.append(
             Request(
                 f"fid:{i}",
                 0.01 * i,
-                [
-                    Segment(SemanticType.RETRIEVED_CONTEXT, doc_tokens),
-                    Segment(SemanticType.USER_QUERY, tokens - doc_tokens),
-                ],
+                _typed_segments(kind, bs, len(shared), tokens),
                 output_tokens=int(cfg["max_output_tokens"]),
                 hash_ids=ids,
                 hash_block_size=bs,
+                session_id=f"agent-{d}" if kind == "agent" else None,
+                turn=turn if kind == "agent" else None,
             )
         )
     return out
+
+
+#: how :func:`synthetic_trace` types a prompt (config key ``types``)
+TRACE_TYPES = ("rag", "agent")
+
+
+def _typed_segments(kind: str, bs: int, shared_blocks: int, tokens: int) -> list[Segment]:
+    """``rag``: the shared document is retrieved context, the rest the user's query.
+    ``agent``: the shared part is a system prompt (its first half, at least one block) and the
+    tool schemas, the request's own full blocks are a one-off tool output and its last
+    (partial) block the user's query: shared instructions vs one-off tool results, the case
+    where semantic eviction is meant to matter."""
+    doc = bs * shared_blocks
+    if kind == "rag":
+        return [
+            Segment(SemanticType.RETRIEVED_CONTEXT, doc),
+            Segment(SemanticType.USER_QUERY, tokens - doc),
+        ]
+    if kind != "agent":
+        raise ValueError(f"types {kind!r}: expected one of {', '.join(TRACE_TYPES)}")
+    system = bs * max(1, shared_blocks // 2) if shared_blocks else 0
+    own_full = bs * ((tokens - doc) // bs)
+    segs = [
+        Segment(SemanticType.SYSTEM, system),
+        Segment(SemanticType.TOOL_SCHEMA, doc - system),
+        Segment(SemanticType.TOOL_OUTPUT, own_full),
+        Segment(SemanticType.USER_QUERY, tokens - doc - own_full),
+    ]
+    return [s for s in segs if s.num_tokens]
 
 
 def with_output_blocks(r: Request, block_size: int, first_id: int) -> Request | None:
@@ -187,21 +218,32 @@ def with_output_blocks(r: Request, block_size: int, first_id: int) -> Request | 
         [*r.segments, out_seg],
         hash_ids=list(r.hash_ids[:n_full]) + fresh,
         hash_block_size=bs,
+        session_id=r.session_id,
+        turn=r.turn,
+        templated=r.templated,
     )
 
 
 def simulate_hits(
-    trace: Sequence[Request], block_size: int, capacity_blocks: int, *, decode: bool = True
+    trace: Sequence[Request],
+    block_size: int,
+    capacity_blocks: int,
+    *,
+    decode: bool = True,
+    eviction: str | None = None,
+    eviction_params: dict[str, Any] | None = None,
 ) -> list[int]:
     """Per-request hit tokens of skv's ``vllm`` policy, cache-only, in trace order. With
     ``decode``, each request also decodes its ``output_tokens`` into blocks before it frees
-    them (:func:`with_output_blocks`), as the engine does."""
+    them (:func:`with_output_blocks`), as the engine does. With ``eviction``, the pool reuses
+    free cached blocks in that policy's order (what ``skv vllm serve --eviction`` runs)."""
     from skv.blocks import request_blocks
     from skv.policies.registry import make_cache
     from skv.replay import compile_trace
 
     blocks = compile_trace(trace, block_size)
-    cache = make_cache("vllm", capacity_blocks)
+    params = {"eviction": eviction, "eviction_params": eviction_params} if eviction else None
+    cache = make_cache("vllm", capacity_blocks, params)
     hits = []
     next_id = OUTPUT_ID_BASE
     for r, rb in zip(trace, blocks, strict=True):

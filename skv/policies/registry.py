@@ -55,14 +55,52 @@ def make_cache(
     """A ready cache for policy ``name``: a ``BlockCache`` or, for ``vllm``, a ``VllmBlockPool``."""
     cls = policy_class(name)
     if cls is VllmBlockPool:
+        params = dict(params or {})
+        eviction = params.pop("eviction", None)
+        eviction_params = params.pop("eviction_params", None)
         if params:
-            raise ValueError(f"policy 'vllm' takes no parameters, got {sorted(params)}")
-        return VllmBlockPool(capacity_blocks, **cache_options)
+            raise ValueError(
+                f"policy 'vllm' takes only eviction and eviction_params, got {sorted(params)}"
+            )
+        if eviction is None:
+            if eviction_params:
+                raise ValueError("policy 'vllm': eviction_params without eviction")
+            return VllmBlockPool(capacity_blocks, **cache_options)
+        if cache_options:
+            raise ValueError(
+                f"policy 'vllm' with eviction: no cache options ({sorted(cache_options)}); "
+                "the policy-ordered pool keeps its own ghost list and no eviction log"
+            )
+        return make_vllm_pool(capacity_blocks, eviction, eviction_params)
     try:
         policy = cls(**(params or {}))
     except TypeError as exc:
         raise ValueError(f"policy {name!r}: bad parameters {params}: {exc}") from None
     return BlockCache(capacity_blocks, policy, **cache_options)
+
+
+def make_policy(name: str, params: dict[str, Any] | None = None) -> Any:
+    """A fresh instance of BlockCache policy ``name`` (not ``vllm``, not an offline one)."""
+    if name == "vllm" or name in OFFLINE:
+        raise ValueError(
+            f"policy {name!r} cannot order vLLM's free queue; an online BlockCache policy can "
+            f"({', '.join(n for n in POLICIES if n != 'vllm' and n not in OFFLINE)})"
+        )
+    cls = policy_class(name)
+    try:
+        return cls(**(params or {}))
+    except TypeError as exc:
+        raise ValueError(f"policy {name!r}: bad parameters {params}: {exc}") from None
+
+
+def make_vllm_pool(
+    capacity_blocks: int, eviction: str, eviction_params: dict[str, Any] | None = None
+) -> Any:
+    """vLLM's block pool reusing free cached blocks in policy ``eviction``'s order: what the
+    vLLM plugin (``skv vllm serve --eviction``) runs inside the engine, simulated."""
+    from skv.cache.policy_pool import PolicyBlockPool
+
+    return PolicyBlockPool(capacity_blocks, make_policy(eviction, eviction_params))
 
 
 def check_all() -> list[str]:

@@ -44,8 +44,10 @@ class SLRU(Policy):
             raise ValueError(f"slru: promote_hits must be >= 1, got {promote_hits}")
         self.protected_fraction = float(protected_fraction)
         self.promote_hits = int(promote_hits)
-        self._prob: OrderedDict[int, Block] = OrderedDict()
-        self._prot: OrderedDict[int, Block] = OrderedDict()
+        # keyed by the block itself, not its key: in vLLM's pool (the vLLM plugin) two blocks
+        # can hold the same key
+        self._prob: OrderedDict[Block, Block] = OrderedDict()
+        self._prot: OrderedDict[Block, Block] = OrderedDict()
         self._n_protected = 0  # blocks labelled protected (pdata True), in the dict or pinned
         self._live = 0
         self._cap = sys.maxsize  # protected_fraction x capacity, set at the first eviction
@@ -58,30 +60,29 @@ class SLRU(Policy):
         if not b.pdata and b.hits >= self.promote_hits:
             b.pdata = True
             self._n_protected += 1
-            self._prob.pop(b.key, None)
+            self._prob.pop(b, None)
 
     def on_unpin(self, b: Block, now: float) -> None:
-        key = b.key
         if b.pdata:
             prot = self._prot
-            prot[key] = b
-            prot.move_to_end(key)
+            prot[b] = b
+            prot.move_to_end(b)
             if self._n_protected > self._cap:
                 self._demote()
         else:
             prob = self._prob
-            prob[key] = b
-            prob.move_to_end(key)
+            prob[b] = b
+            prob.move_to_end(b)
 
     def _demote(self) -> None:
         prot, prob = self._prot, self._prob
         while self._n_protected > self._cap and prot:
-            key, b = prot.popitem(last=False)
+            _, b = prot.popitem(last=False)
             if b.ref:  # pinned: out of the order until its release puts it back (protected)
                 continue
             b.pdata = False
             self._n_protected -= 1
-            prob[key] = b
+            prob[b] = b
 
     def victim(self) -> Block | None:
         if self._cap == sys.maxsize:

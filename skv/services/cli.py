@@ -75,11 +75,20 @@ def _isolation_arg(p: argparse.ArgumentParser) -> None:
         "per tenant (SKV_TENANT_ISOLATION, default off; salts keyed by SKV_TENANT_SALT_SECRET)",
     )  # fmt: skip
 
+    p.add_argument(
+        "--forward-types", action=argparse.BooleanOptionalAction, default=None,
+        help="add each prompt's semantic types (names and token counts) to the forwarded body's "
+        "vllm_xargs, for skv's vLLM eviction plugin (SKV_FORWARD_TYPES, default off)",
+    )  # fmt: skip
+
 
 def _set_isolation(cfg: Any, args: argparse.Namespace) -> None:
-    """``--tenant-isolation`` / ``--no-tenant-isolation`` override the env's setting."""
+    """``--tenant-isolation`` / ``--no-tenant-isolation`` and ``--forward-types`` override the
+    env's settings."""
     if args.tenant_isolation is not None:
         cfg.tenant_isolation = args.tenant_isolation
+    if args.forward_types is not None:
+        cfg.forward_types = args.forward_types
 
 
 def _max_body(args: argparse.Namespace) -> int:

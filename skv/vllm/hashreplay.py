@@ -211,21 +211,44 @@ def plan_hash_replay(
     return HashReplayPlan(items, cfg, totals)
 
 
-def prompts_and_arrivals(plan: HashReplayPlan) -> tuple[list[dict[str, Any]], list[float]]:
+def prompts_and_arrivals(
+    plan: HashReplayPlan, *, typed: bool = False
+) -> tuple[list[dict[str, Any]], list[float]]:
     """Request bodies (``prompt`` as token ids, ``max_tokens``, ``id``) and arrival times, for
-    :func:`skv.vllm.client.replay`."""
-    prompts = [
-        {"id": it.request.request_id, "prompt": list(it.token_ids), "max_tokens": it.max_tokens}
-        for it in plan.items
-    ]
+    :func:`skv.vllm.client.replay`. ``typed`` adds each prompt's semantic segments (in engine
+    tokens) and arrival time as ``vllm_xargs`` for skv's eviction plugin
+    (:func:`skv.vllm.eviction_plugin.semantic_xargs`)."""
+    from skv.vllm.eviction_plugin import semantic_xargs
+
+    prompts = []
+    for it in plan.items:
+        body: dict[str, Any] = {
+            "id": it.request.request_id,
+            "prompt": list(it.token_ids),
+            "max_tokens": it.max_tokens,
+        }
+        if typed:
+            r = it.request
+            sent = Request(
+                r.request_id,
+                it.arrival_s,
+                _scale_segments(it, plan.config),
+                session_id=r.session_id,
+                turn=r.turn,
+                templated=r.templated,
+            )
+            body["vllm_xargs"] = semantic_xargs(sent)
+        prompts.append(body)
     return prompts, [it.arrival_s for it in plan.items]
 
 
-async def replay_plan(client, plan: HashReplayPlan, *, concurrency: int | None = None, **body):
+async def replay_plan(
+    client, plan: HashReplayPlan, *, concurrency: int | None = None, typed: bool = False, **body
+):
     """Send the plan: open loop at its arrival times, or closed loop with ``concurrency``."""
     from skv.vllm.client import replay
 
-    prompts, arrivals = prompts_and_arrivals(plan)
+    prompts, arrivals = prompts_and_arrivals(plan, typed=typed)
     if concurrency is not None:
         return await replay(client, prompts, concurrency=concurrency, **body)
     return await replay(client, prompts, arrival_times=arrivals, **body)

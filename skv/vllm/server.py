@@ -24,6 +24,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -193,6 +194,10 @@ class VllmServer:
         extra_args: Sequence[str] = (),
         env: dict[str, str] | None = None,
         startup_timeout: float = 300.0,
+        eviction: str | None = None,
+        eviction_params: dict[str, Any] | None = None,
+        eviction_log: str | Path | None = None,
+        eviction_clock: str = "wall",
     ) -> None:
         self.model = Path(model)
         if not (self.model / "config.json").exists():
@@ -237,6 +242,17 @@ class VllmServer:
         self.proc: subprocess.Popen | None = None
         self._log = None
         self.ready_seconds: float | None = None
+        self.eviction = eviction
+        self.eviction_params = dict(eviction_params or {})
+        self.eviction_log: Path | None = None
+        if eviction_clock not in ("wall", "client"):
+            raise ValueError(f"eviction_clock {eviction_clock!r}: expected 'wall' or 'client'")
+        self.eviction_clock = eviction_clock
+        if eviction is not None:
+            from skv.policies.registry import make_policy
+
+            make_policy(eviction, self.eviction_params)  # a bad name or parameter fails here
+            self.eviction_log = Path(eviction_log or self.log_path.with_name("eviction.jsonl"))
 
     # ------------------------------------------------------------------ command line
 
@@ -283,8 +299,43 @@ class VllmServer:
         if self.kvcache_space_gib is not None:
             env["VLLM_CPU_KVCACHE_SPACE"] = str(self.kvcache_space_gib)
         env["PATH"] = f"{self.python.parent}{os.pathsep}{env.get('PATH', '')}"
+        for k in [k for k in env if k.startswith("SKV_EVICTION")]:
+            del env[k]  # stock vLLM unless this server was asked for a policy
+        if self.eviction is not None:
+            env["SKV_EVICTION"] = self.eviction
+            env["SKV_EVICTION_PARAMS"] = json.dumps(self.eviction_params)
+            env["SKV_EVICTION_LOG"] = str(self.eviction_log)
+            env["SKV_EVICTION_CLOCK"] = self.eviction_clock
+            env["SKV_CHECKOUT"] = str(checkout_root())
         env.update(self.extra_env)
         return env
+
+    def _check_plugin_installed(self) -> None:
+        """With ``eviction``, the engine venv must have the plugin: without it vLLM would
+        silently serve with its own LRU."""
+        probe = subprocess.run(
+            [str(self.python), "-c", "import skv_vllm_eviction"],
+            capture_output=True,
+            env=engine_env(),
+            timeout=60,
+        )
+        if probe.returncode:
+            raise ServerError(
+                f"eviction {self.eviction!r}: the skv eviction plugin is not installed in the "
+                f"engine venv ({self.python}); run scripts/setup_vllm.sh (or skv vllm setup)"
+            )
+
+    def _check_plugin_loaded(self) -> None:
+        """The engine built the plugin's pool (its side file's ``start`` line is there)."""
+        log = self.eviction_log
+        assert log is not None
+        lines = log.read_text(encoding="utf-8").splitlines() if log.exists() else []
+        starts = [json.loads(x) for x in lines if '"event": "start"' in x]
+        if not starts or starts[-1].get("policy") != self.eviction:
+            raise ServerError(
+                f"eviction {self.eviction!r}: the engine is up but the skv plugin's pool was not "
+                f"built (no start line in {log}); see {self.log_path}\n{self.log_tail()}"
+            )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -292,6 +343,11 @@ class VllmServer:
         """Start the server (and, by default, wait until ``/health`` answers 200)."""
         if self.proc is not None and self.proc.poll() is None:
             return self
+        if self.eviction is not None:
+            self._check_plugin_installed()
+            assert self.eviction_log is not None
+            self.eviction_log.parent.mkdir(parents=True, exist_ok=True)
+            self.eviction_log.unlink(missing_ok=True)  # this run's lines only
         self._spawn()
         if wait:
             try:
@@ -303,6 +359,8 @@ class VllmServer:
                     self.wait_ready()
                 else:
                     raise
+            if self.eviction is not None:
+                self._check_plugin_loaded()
         return self
 
     def _spawn(self) -> None:

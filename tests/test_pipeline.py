@@ -137,6 +137,22 @@ def test_a_changed_config_or_parameter_changes_the_cache_key(tmp_path):
     assert key != pipeline.step_key(step, params, ["dep changed"], "src")
 
 
+def test_an_optional_trace_appearing_changes_the_cache_key(tmp_path, monkeypatch):
+    """tab_saecache_reuse_by_type runs without the Claude Code trace (an empty column); adding
+    the trace later must rerun it, not leave the empty column cached."""
+    step = STEPS["tab_saecache_reuse_by_type"]
+    assert step.optional_traces == ("weka_cc",) and not step.needs_traces
+    layout = Layout(tmp_path / "f", tmp_path / "t", tmp_path / "b")
+    params = pipeline.notebook_params(step, layout, quick=True, seed=0, root=ROOT)
+    (tmp_path / "traces").mkdir()
+    monkeypatch.setenv("SKV_TRACE_DIR", str(tmp_path / "traces"))
+    absent = pipeline.step_key(step, params, [], "src")
+    assert pipeline.skip_reason(step.name) is None  # an optional trace never skips the step
+    (tmp_path / "traces" / "weka_cc").mkdir()
+    (tmp_path / "traces" / "weka_cc" / "s.jsonl").write_text("{}\n")
+    assert pipeline.step_key(step, params, [], "src") != absent
+
+
 def test_a_missing_trace_marks_the_step_skipped_with_the_reason(tmp_path, monkeypatch):
     monkeypatch.setenv("SKV_TRACE_DIR", str(tmp_path / "no_traces_here"))
     layout = Layout(tmp_path / "figs", tmp_path / "tables", tmp_path / "build")

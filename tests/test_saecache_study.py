@@ -339,6 +339,20 @@ def test_reuse_values_and_the_system_prompt_margin():
     assert table.loc[0, "Balanced"] == pytest.approx(100 * 2.6 / 3)
     assert table.loc[0, "paper %"] == 92.3
     assert math.isnan(table.loc[4, "Balanced"])  # no reasoning tokens
+    # no real trace: its column is there, empty
+    assert table[R.REAL_TITLE].isna().all() and list(table.columns)[-1] == R.REAL_TITLE
+    real = {"system": 0.98, "user_query": 0.01, "tool_schema": 0.97}
+    with_real = R.reuse_table(R.reuse_rows(docs), real)
+    col = dict(zip(with_real["skv type"], with_real[R.REAL_TITLE], strict=True))
+    assert col["system"] == pytest.approx(98.0) and col["user_query"] == pytest.approx(1.0)
+    assert col["tool_schema"] == pytest.approx(97.0)  # a type only the real trace has: a row
+    assert math.isnan(col["assistant_history"])  # the trace has none of those tokens
+
+
+def test_the_real_column_says_where_to_get_a_missing_trace(tmp_path, monkeypatch):
+    monkeypatch.setenv("SKV_TRACE_DIR", str(tmp_path))
+    real, why = R.real_trace_rates(quick=True)
+    assert real is None and "kv-cache-tester" in why
 
 
 # ----------------------------------------------------------------------------------------

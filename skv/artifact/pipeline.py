@@ -55,6 +55,9 @@ class Step:
     config: str
     outputs: tuple[str, ...]
     needs_traces: tuple[str, ...] = ()
+    #: real traces it reads when present and does without otherwise (a column left empty):
+    #: their presence is part of the step's cache key, so adding one reruns the step
+    optional_traces: tuple[str, ...] = ()
     #: runs a real vLLM engine (skv.vllm): skipped, with the reason, when its venv is absent;
     #: runs alone (it measures time)
     needs_engine: bool = False
@@ -168,6 +171,7 @@ STEPS: dict[str, Step] = {
             "saecache",
             "experiments/saecache/grid",
             ("tables/saecache_reuse_by_type.csv", "tables/saecache_reuse_by_type.tex"),
+            optional_traces=("weka_cc",),
         ),
         Step(
             "fig_saecache_learned_params",
@@ -332,7 +336,7 @@ def step_key(
     h.update(json.dumps(params, sort_keys=True, default=str).encode())
     for k in dep_keys:
         h.update(k.encode())
-    for t in step.needs_traces:  # a replaced trace file reruns the step
+    for t in (*step.needs_traces, *step.optional_traces):  # a new or replaced trace reruns it
         p = _trace_path(t)
         if p is not None:
             st = p.stat()

@@ -4,7 +4,8 @@ A replay config (``experiments/replay/*_capacity.yaml``) names a trace, the poli
 capacities (shares of the trace's unique blocks); :func:`capacity_curve` replays every policy at
 every capacity through :mod:`skv.replay` (hit rates simulated, no timing) and
 :func:`hit_rate_vs_capacity` draws the curve beside the infinite-cache ceiling.
-:func:`reuse_by_type` is the analogue of SAECache's reuse-by-token-type table.
+Reuse by semantic type (the Claude Code table) is :mod:`skv.experiments.type_reuse`'s, shared with
+the SAECache study.
 """
 
 from __future__ import annotations
@@ -220,43 +221,6 @@ def gap_closed(
                 "gap_share": (v - base) / gap if gap > 0 else None,
             })  # fmt: skip
     return pd.DataFrame(rows)
-
-
-def reuse_by_type(requests: Sequence, block_size: int | None = None) -> pd.DataFrame:
-    """Per semantic type: prompt tokens, their share, and the share an infinite prefix cache
-    would serve (a block reused along its chain, the ceiling of :func:`skv.replay.trace_totals`),
-    the analogue of SAECache's reuse-by-token-type table. Sorted by tokens, descending."""
-    from skv.model import TYPES
-    from skv.replay import compile_trace
-
-    trace = compile_trace(requests, block_size)
-    tokens = [0] * len(TYPES)
-    reused = [0] * len(TYPES)
-    seen: set[int] = set()
-    for rb in trace:
-        in_run = False
-        for key, parent, tok, st in zip(rb.keys, rb.parents, rb.tokens, rb.stypes, strict=True):
-            tokens[st] += tok
-            if parent is None:
-                in_run = True
-            if in_run and key in seen:
-                reused[st] += tok
-            else:
-                in_run = False
-                seen.add(key)
-    total = sum(tokens) or 1
-    rows = [
-        {
-            "semantic_type": TYPES[i].value,
-            "prompt_tokens": tokens[i],
-            "token_share": tokens[i] / total,
-            "reused_tokens": reused[i],
-            "reuse_rate": reused[i] / tokens[i],
-        }
-        for i in range(len(TYPES))
-        if tokens[i]
-    ]
-    return pd.DataFrame(rows).sort_values("prompt_tokens", ascending=False, ignore_index=True)
 
 
 def hit_rate_by_type(requests: Sequence, policy: str, capacity: str) -> dict[str, float]:

@@ -14,6 +14,12 @@ chain of thought = ``reasoning`` (no synthetic workload here generates it); ``te
 Which configs: the grid's slower arrival setting (``*_slow.yaml``: the same 2,000 requests
 span more time, so more follow-up turns fall inside the trace); seeds as the configs (quick:
 :func:`skv.experiments.saecache.study.study_config`).
+
+Beside them, a real trace: the Claude Code sessions (:data:`REAL_TRACE`, with the replay
+study's reader settings), reuse by type under an infinite prefix cache
+(:func:`skv.experiments.type_reuse.reuse_by_type`: cache-only, the trace's own prompts, no
+answers added). The column is empty, with the reason, where the trace is absent; the table's
+other columns do not need it.
 """
 
 from __future__ import annotations
@@ -47,6 +53,29 @@ PAPER_TYPE_NAMES: dict[str, str] = {
     "tool_output": "tool output",
     "reasoning": "chain of thought",
 }
+
+
+#: the real trace of the table's last column, read as experiments/replay/claude_code_capacity.yaml
+#: reads it (quick: its quick sessions)
+REAL_TRACE = "weka_cc"
+REAL_TITLE = "Claude Code (real)"
+REAL_OPTIONS: dict[str, Any] = {"session_interval_s": 30.0}
+REAL_QUICK_OPTIONS: dict[str, Any] = {"session_interval_s": 30.0, "max_sessions": 6}
+
+
+def real_trace_rates(*, quick: bool) -> tuple[dict[str, float] | None, str | None]:
+    """The real trace's reuse rate per skv type (fractions), or ``(None, why)`` when the trace
+    is absent (``why`` says where to get it)."""
+    from skv.experiments.type_reuse import reuse_by_type
+    from skv.traces import find_trace, load_trace
+
+    try:
+        path = find_trace(REAL_TRACE)
+    except FileNotFoundError as exc:
+        return None, str(exc)
+    reqs = load_trace(path, **(REAL_QUICK_OPTIONS if quick else REAL_OPTIONS))
+    table = reuse_by_type(reqs)
+    return dict(zip(table.semantic_type, table.reuse_rate, strict=True)), None
 
 
 def reuse_configs(config_dir: str | Path = GRID_DIR) -> list[Path]:
@@ -101,11 +130,13 @@ def reuse_rows(docs: Sequence[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def reuse_table(rows: pd.DataFrame) -> pd.DataFrame:
+def reuse_table(rows: pd.DataFrame, real: dict[str, float] | None = None) -> pd.DataFrame:
     """The paper's rows first (its name, its rate), then skv's other types; one column per
     workload (reuse rate in percent, mean over seeds; empty where the workload has no such
-    tokens)."""
-    types = list(PAPER_REUSE_PCT) + sorted(set(rows["semantic_type"]) - set(PAPER_REUSE_PCT))
+    tokens), and last the real trace's column (:func:`real_trace_rates`; empty where the trace
+    has no such tokens, or entirely when ``real`` is None: the trace is absent)."""
+    extra = set(rows["semantic_type"]) | set(real or {})
+    types = list(PAPER_REUSE_PCT) + sorted(extra - set(PAPER_REUSE_PCT))
     workloads = list(dict.fromkeys(rows["workload"]))
     rates = rows.set_index(["semantic_type", "workload"])["reuse_rate"]
     out = []
@@ -118,6 +149,8 @@ def reuse_table(rows: pd.DataFrame) -> pd.DataFrame:
         for wl in workloads:
             v = rates.get((t, wl))
             row[WORKLOAD_TITLES.get(wl, wl)] = float("nan") if v is None else 100 * float(v)
+        r = (real or {}).get(t)
+        row[REAL_TITLE] = float("nan") if r is None else 100 * float(r)
         out.append(row)
     return pd.DataFrame(out)
 

@@ -292,6 +292,38 @@ def compare_hits(
     }
 
 
+def engine_setup(cfg: dict[str, Any], trace: Sequence[Request], work: Path) -> tuple[Any, Any, Any]:
+    """What every engine study starts from: the engine venv's interpreter, the tiny model
+    (built once under ``work``) and ``trace`` planned as a hash replay at the config's block
+    size, context length and output length (seeded)."""
+    from skv.vllm.hashreplay import HashReplayConfig, plan_hash_replay
+    from skv.vllm.server import build_tiny_model, find_engine_python
+
+    py = find_engine_python()
+    model = build_tiny_model(work / "tiny-llama", py)
+    plan = plan_hash_replay(
+        trace,
+        HashReplayConfig(
+            block_size=int(cfg["block_size"]),
+            max_model_len=int(cfg["max_model_len"]),
+            max_output_tokens=int(cfg["max_output_tokens"]),
+            seed=int(cfg["seed"]),
+        ),
+    )
+    return py, model, plan
+
+
+def server_options(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The engine options every study's servers share: block size, cache size, context length
+    and startup timeout, from the config."""
+    return {
+        "block_size": int(cfg["block_size"]),
+        "num_gpu_blocks": int(cfg["num_gpu_blocks"]),
+        "max_model_len": int(cfg["max_model_len"]),
+        "startup_timeout": float(cfg["startup_timeout_s"]),
+    }
+
+
 def engine_missing() -> str | None:
     """Why the engine cannot run here, or None."""
     from skv.vllm.server import find_engine_python, setup_hint

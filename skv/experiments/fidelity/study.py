@@ -33,8 +33,10 @@ from typing import TYPE_CHECKING, Any
 from skv.experiments.engine import (
     compare_hits,
     engine_missing,
+    engine_setup,
     load_section,
     run_coroutine,
+    server_options,
     simulate_hits,
     synthetic_trace,
 )
@@ -80,27 +82,11 @@ def load_config(
 def measure(cfg: dict[str, Any], trace: Sequence[Request], work_dir: Path) -> dict[str, Any]:
     """Start the engine, send ``trace`` sequentially, return plan, results and timings."""
     from skv.vllm.client import StreamingClient
-    from skv.vllm.hashreplay import HashReplayConfig, plan_hash_replay, replay_plan
-    from skv.vllm.server import VllmServer, build_tiny_model, find_engine_python
+    from skv.vllm.hashreplay import replay_plan
+    from skv.vllm.server import VllmServer
 
-    py = find_engine_python()
-    model = build_tiny_model(work_dir / "tiny-llama", py)
-    hcfg = HashReplayConfig(
-        block_size=int(cfg["block_size"]),
-        max_model_len=int(cfg["max_model_len"]),
-        max_output_tokens=int(cfg["max_output_tokens"]),
-        seed=int(cfg["seed"]),
-    )
-    plan = plan_hash_replay(trace, hcfg)
-    srv = VllmServer(
-        model,
-        python=py,
-        block_size=int(cfg["block_size"]),
-        num_gpu_blocks=int(cfg["num_gpu_blocks"]),
-        max_model_len=int(cfg["max_model_len"]),
-        log_path=work_dir / "server.log",
-        startup_timeout=float(cfg["startup_timeout_s"]),
-    )
+    py, model, plan = engine_setup(cfg, trace, work_dir)
+    srv = VllmServer(model, python=py, log_path=work_dir / "server.log", **server_options(cfg))
 
     async def go():
         async with StreamingClient(

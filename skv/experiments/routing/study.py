@@ -44,8 +44,10 @@ import numpy as np
 from skv.experiments.engine import (
     compare_hits,
     engine_missing,
+    engine_setup,
     load_section,
     run_coroutine,
+    server_options,
     simulate_hits,
     synthetic_trace,
 )
@@ -243,25 +245,10 @@ def run_policy(
 
 def measure(cfg: dict[str, Any], trace: Sequence[Any], work: Path) -> dict[str, Any]:
     """Start the engines once, run every policy, return the plan and per-policy runs."""
-    from skv.vllm.hashreplay import HashReplayConfig, plan_hash_replay, prompts_and_arrivals
-    from skv.vllm.server import (
-        VllmServer,
-        build_tiny_model,
-        cpu_share_env,
-        find_engine_python,
-    )
+    from skv.vllm.hashreplay import prompts_and_arrivals
+    from skv.vllm.server import VllmServer, cpu_share_env
 
-    py = find_engine_python()
-    model = build_tiny_model(work / "tiny-llama", py)
-    plan = plan_hash_replay(
-        trace,
-        HashReplayConfig(
-            block_size=int(cfg["block_size"]),
-            max_model_len=int(cfg["max_model_len"]),
-            max_output_tokens=int(cfg["max_output_tokens"]),
-            seed=int(cfg["seed"]),
-        ),
-    )
+    py, model, plan = engine_setup(cfg, trace, work)
     prompts, _arrivals = prompts_and_arrivals(plan)
     for p in prompts:
         p.pop("id", None)
@@ -269,16 +256,13 @@ def measure(cfg: dict[str, Any], trace: Sequence[Any], work: Path) -> dict[str, 
         VllmServer(
             model,
             python=py,
-            block_size=int(cfg["block_size"]),
-            num_gpu_blocks=int(cfg["num_gpu_blocks"]),
-            max_model_len=int(cfg["max_model_len"]),
             kv_events=True,
             log_path=work / f"server{i}.log",
             env={
                 "VLLM_SERVER_DEV_MODE": "1",  # /reset_prefix_cache between policies
                 **cpu_share_env(i, int(cfg["replicas"])),
             },
-            startup_timeout=float(cfg["startup_timeout_s"]),
+            **server_options(cfg),
         )
         for i in range(int(cfg["replicas"]))
     ]

@@ -38,8 +38,10 @@ from typing import TYPE_CHECKING, Any
 from skv.experiments.engine import (
     compare_hits,
     engine_missing,
+    engine_setup,
     load_section,
     run_coroutine,
+    server_options,
     simulate_hits,
     synthetic_trace,
 )
@@ -143,28 +145,15 @@ def measure(
     trace with its types (``concurrency`` requests in flight; 1 = sequential), return the plan,
     results, timings and the plugin's log."""
     from skv.vllm.client import StreamingClient
-    from skv.vllm.hashreplay import HashReplayConfig, plan_hash_replay, replay_plan
-    from skv.vllm.server import VllmServer, build_tiny_model, find_engine_python
+    from skv.vllm.hashreplay import replay_plan
+    from skv.vllm.server import VllmServer
 
-    py = find_engine_python()
-    model = build_tiny_model(work / "tiny-llama", py)
-    plan = plan_hash_replay(
-        trace,
-        HashReplayConfig(
-            block_size=int(cfg["block_size"]),
-            max_model_len=int(cfg["max_model_len"]),
-            max_output_tokens=int(cfg["max_output_tokens"]),
-            seed=int(cfg["seed"]),
-        ),
-    )
+    py, model, plan = engine_setup(cfg, trace, work)
     srv = VllmServer(
         model,
         python=py,
-        block_size=int(cfg["block_size"]),
-        num_gpu_blocks=int(cfg["num_gpu_blocks"]),
-        max_model_len=int(cfg["max_model_len"]),
         log_path=work / f"server-{variant}-c{concurrency}.log",
-        startup_timeout=float(cfg["startup_timeout_s"]),
+        **server_options(cfg),
         eviction=None if variant == STOCK else variant,
         eviction_clock="client",  # the trace's times, as the simulation uses
         eviction_log=work

@@ -18,8 +18,9 @@ def req(i, segs, ids):
 
 def test_reuse_counts_a_block_only_along_an_unbroken_cached_prefix():
     """r0: system [1, 2], user [3]. r1: same system, new user [4] -> system reused (8 tokens).
-    r2: block 1 again then a new block 5 and block 3 again: 3 follows a miss, so it is not
-    reused (a prefix cache stops at the first miss) although its key was seen."""
+    r2: block 1 again then a new block 5 and hash id 3 again: behind a different prefix hash id
+    3 is a different (prefix-chained) key, so it is not reused. (The in-run guard in
+    reuse_by_type is not what this case checks: with prefix keys it cannot fire.)"""
     trace = [
         req(0, [(T.SYSTEM, 8), (T.USER_QUERY, 4)], [1, 2, 3]),
         req(1, [(T.SYSTEM, 8), (T.USER_QUERY, 4)], [1, 2, 4]),

@@ -218,6 +218,23 @@ STEPS: dict[str, Step] = {
             depends=("fig_repurpose_hit_rate",),
         ),
         Step(
+            "fig_repurpose_sensitivity",
+            "repurpose",
+            "experiments/repurpose/repurpose_sensitivity.yaml",
+            (
+                *_fig("fig_repurpose_sensitivity"),
+                "tables/repurpose_sensitivity.csv",
+                "tables/repurpose_sensitivity.tex",
+            ),
+        ),
+        Step(
+            "fig_repurpose_vllm",
+            "repurpose",
+            "experiments/repurpose/repurpose_vllm.yaml",
+            (*_fig("fig_repurpose_vllm"), "tables/repurpose_vllm.csv", "tables/repurpose_vllm.tex"),
+            needs_engine=True,
+        ),
+        Step(
             "fig_cacheroute_qps",
             "cacheroute",
             "experiments/cacheroute/qps_aggregate.yaml",

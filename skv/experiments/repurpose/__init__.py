@@ -10,6 +10,11 @@ Each mode's trace is compiled once and every capacity replays it (no per-capacit
   (token hit rate = reused prompt tokens / prompt tokens, per mode and capacity, the analytic
   prefix ceiling :func:`skv.workloads.zipf_rag.prefix_ceiling`) and the TTFT estimate with
   recompute (naive, EPIC-like, CacheBlend-like), and the figures.
-
-Not here (issue 13, later): the real-model quality probe and the real-engine comparison.
+- :mod:`.sensitivity`: the same two keyings at the one claim capacity (30 GB) as one workload
+  parameter at a time moves around its default (Zipf alpha, corpus size, k documents per
+  request, fixed-prefix share), with the analytic prefix ceiling and the infinite-cache replay
+  per setting, and its figure.
+- :mod:`.engine`: the same workload on a real vLLM engine (stock prefix caching, a cache that
+  evicts): measured hits against skv's prefix-mode simulation request by request, with segment
+  keying's simulated rate beside it (stock vLLM has no segment reuse).
 """

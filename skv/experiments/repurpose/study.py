@@ -87,9 +87,11 @@ class RepurposeConfig(BaseModel):
         return ZipfRagParams(**{**self.workload, "seed": seed})
 
 
-def load_config(path: str | Path, *, quick: bool) -> RepurposeConfig:
-    """Read and validate a repurpose config; errors are ``ConfigError`` naming file and field."""
-    from skv.experiments.config import ConfigError, _flatten, read_yaml
+def read_config_data(path: str | Path, *, quick: bool) -> dict[str, Any]:
+    """A repurpose config file's data with its ``quick:`` overrides applied when ``quick``
+    (``workload`` merged key by key, every other field replaced), not yet validated: shared
+    by every config of the study (:mod:`.sensitivity` too)."""
+    from skv.experiments.config import ConfigError, read_yaml
 
     data = read_yaml(path, "repurpose config")
     if not isinstance(data, dict):
@@ -103,6 +105,14 @@ def load_config(path: str | Path, *, quick: bool) -> RepurposeConfig:
             if not isinstance(value, dict):
                 raise ConfigError(f"{path}: {where}: expected a mapping, got {value!r}")
         data = {**data, **over, "workload": {**base, **extra}}
+    return data
+
+
+def load_config(path: str | Path, *, quick: bool) -> RepurposeConfig:
+    """Read and validate a repurpose config; errors are ``ConfigError`` naming file and field."""
+    from skv.experiments.config import ConfigError, _flatten
+
+    data = read_config_data(path, quick=quick)
     try:
         cfg = RepurposeConfig.model_validate(data)
         cfg.workload_params(0)

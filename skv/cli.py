@@ -234,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return args.func(args)
         except (ValueError, FileNotFoundError) as exc:
-            print(f"skv: error: {exc}", file=sys.stderr)
+            notes = getattr(exc, "__notes__", [])  # e.g. the sweep task that failed
+            print("\n".join([f"skv: error: {exc}", *(f"  {n}" for n in notes)]), file=sys.stderr)
             return 2
     except KeyboardInterrupt as exc:
         notes = getattr(exc, "__notes__", [])

@@ -526,7 +526,7 @@ def test_ctrl_c_during_run_all_says_which_experiments_finished(tmp_path, monkeyp
         data.update(id=name, seeds=[0], in_suite=True)
         data["workload"]["params"]["num_requests"] = 50
         write_yaml(configs / f"{name}.yaml", data)
-    real = runner.run_experiment
+    real = runner.simulate_experiment
     calls = []
 
     def second_interrupted(config, *a, **k):
@@ -535,7 +535,10 @@ def test_ctrl_c_during_run_all_says_which_experiments_finished(tmp_path, monkeyp
             raise KeyboardInterrupt
         return real(config, *a, **k)
 
-    monkeypatch.setattr(runner, "run_experiment", second_interrupted)
+    # the configs run in this process (one at a time), where the patch and the Ctrl-C reach
+    monkeypatch.setenv("SKV_JOBS", "1")
+    monkeypatch.delenv("SKV_DASK", raising=False)
+    monkeypatch.setattr(runner, "simulate_experiment", second_interrupted)
     out = tmp_path / "out"
     rc = main(["run-all", "--config-dir", str(configs), "--output-root", str(out)])
     err = capsys.readouterr().err

@@ -272,6 +272,9 @@ ARGPARSE_OUTSIDE_CLI = {
     "skv/experiments/vllm_eviction/plugin_check.py": (
         "python -m in the engine venv (drives vLLM's own block pool), not imported by skv"
     ),
+    "skv/experiments/repurpose/quality_probe.py": (
+        "python -m in the engine venv (torch, transformers on SmolLM2), not imported by skv"
+    ),
 }
 
 

@@ -15,6 +15,18 @@ run and its outputs exist; ``--force`` runs it anyway. A step whose real trace i
 *skipped* with the reason, never run into an empty figure. Independent steps run in parallel,
 except steps that measure a real engine (``needs_engine``): they run alone, so no other step
 shares the CPU with their timings.
+
+Steps and the sweep executor (:mod:`skv.experiments.sweep`): the steps themselves stay here,
+papermill subprocesses on a thread pool, and never go to a Dask cluster: they read and write
+this checkout (figures, tables, ``build/``), depend on each other's output directories, are
+cached by key on this machine, and the engine steps need the machine to themselves. What is
+heavy inside a step is its sweeps (capacities x policies x seeds x rates), and those go
+through the executor in the notebook's process, which inherits this environment: so
+``SKV_DASK`` (or ``run --dask ADDR|local``, which sets it for the notebooks after checking
+it) sends every notebook's sweeps to the same cluster. With ``local`` each sweep makes its
+own LocalCluster, as it would outside the pipeline; to share one pool of workers between
+notebooks running in parallel, start a scheduler and pass its address. Sweeps give the same
+results in every mode, so ``SKV_DASK`` is not part of a step's cache key.
 """
 
 from __future__ import annotations
@@ -232,6 +244,17 @@ STEPS: dict[str, Step] = {
             "repurpose",
             "experiments/repurpose/repurpose_vllm.yaml",
             (*_fig("fig_repurpose_vllm"), "tables/repurpose_vllm.csv", "tables/repurpose_vllm.tex"),
+            needs_engine=True,
+        ),
+        Step(
+            "fig_repurpose_quality",
+            "repurpose",
+            "experiments/repurpose/repurpose_quality.yaml",
+            (
+                *_fig("fig_repurpose_quality"),
+                "tables/repurpose_quality.csv",
+                "tables/repurpose_quality.tex",
+            ),
             needs_engine=True,
         ),
         Step(
@@ -732,6 +755,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("--force", action="store_true", help="rerun steps even when cached")
     r.add_argument("-j", "--jobs", type=int, default=None, help="parallel steps (default: cores)")
     r.add_argument("--seed", type=int, default=0)
+    r.add_argument(
+        "--dask",
+        metavar="ADDR|local",
+        default=None,
+        help="run the notebooks' sweeps on a Dask cluster (tcp://HOST:PORT, or 'local': a "
+        "LocalCluster per sweep): sets SKV_DASK for them; results and cache keys unchanged",
+    )
     c = sub.add_parser("check", help="compare produced numbers with experiments/claims.yaml")
     c.add_argument("--quick", action="store_true", help="check the quick run's values")
     c.add_argument(
@@ -768,6 +798,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         rows = check_claims(quick=args.quick)
         return 1 if claims_mod.failing(rows) else 0
+    from skv.experiments.sweep import DASK_ENV, check_dask
+
+    try:  # a bad SKV_DASK / --dask fails here once, not in every notebook
+        target = check_dask(args.dask)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if target is not None:
+        os.environ[DASK_ENV] = target  # the notebooks inherit it (module docstring)
     res = run_pipeline(
         args.steps, quick=args.quick, force=args.force, jobs=args.jobs, seed=args.seed
     )

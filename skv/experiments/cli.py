@@ -27,7 +27,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--progress",
         action="store_true",
-        help="show a progress bar per simulation (one log line per run is always printed)",
+        help="show a progress bar per simulation (run-all: when its configs run in this "
+        "process, SKV_JOBS=1; one log line per run is always printed)",
     )
 
 
@@ -54,6 +55,7 @@ def cmd_run_all(args: argparse.Namespace) -> int:
         config_dir=args.config_dir,
         quick=args.quick,
         progress=bool(args.progress),
+        dask=args.dask,
     )
     for d in run_dirs:
         print(f"results: {d}")
@@ -84,8 +86,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "run-all",
         help="run every experiment config and write the aggregate summary",
         description=(
-            "Run every config in --config-dir marked in_suite (or the configs given) and write "
-            "OUTPUT_ROOT/aggregate_summary.csv and aggregate_summary.md."
+            "Run every config in --config-dir marked in_suite (or the configs given), in "
+            "parallel through the sweep executor (SKV_JOBS processes, or a Dask cluster with "
+            "--dask / SKV_DASK), and write OUTPUT_ROOT/aggregate_summary.csv and "
+            "aggregate_summary.md."
         ),
     )
     p.add_argument(
@@ -98,6 +102,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--config-dir",
         default=SUITE_DIR,
         help="directory of *.yaml configs (default: %(default)s)",
+    )
+    p.add_argument(
+        "--dask",
+        metavar="ADDR|local",
+        default=None,
+        help="run the configs on a Dask cluster: a scheduler address tcp://HOST:PORT, or "
+        "'local' for a LocalCluster of SKV_JOBS workers (default: $SKV_DASK, else SKV_JOBS "
+        "local processes); results are identical either way",
     )
     _common(p)
     p.set_defaults(func=cmd_run_all)

@@ -87,6 +87,17 @@ OKABE_ITO: dict[str, str] = {
 #: the colour of policies a figure is not about (lines), and the fill of their bars
 GREY_LINE = "0.6"
 GREY_FILL = "0.86"
+#: engine studies: a measured value is an open marker drawn over the simulated line
+MEASURED_STYLE: dict[str, object] = {
+    "linestyle": "none",
+    "marker": "o",
+    "markersize": 3.2,
+    "markerfacecolor": "none",
+    "markeredgecolor": OKABE_ITO["vermillion"],
+    "markeredgewidth": 0.8,
+    "zorder": 3,
+}
+SIMULATED_LINE: dict[str, object] = {"color": OKABE_ITO["blue"], "linewidth": 1.0, "zorder": 2}
 #: the policies a figure is about unless told otherwise: the seed's thesis, the baseline and
 #: the offline reference
 DEFAULT_HIGHLIGHT: tuple[str, ...] = ("adaptive_semantic", "lru", "belady")

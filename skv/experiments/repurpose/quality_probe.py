@@ -1,0 +1,382 @@
+"""What reusing a document's KV at a new position does to a real model's answers (ENGINE venv).
+
+    .venv-vllm/bin/python -m skv.experiments.repurpose.quality_probe MODEL_DIR OUT.json
+        [--items N] [--seed S] [--tasks lookup,first_item,compare] [--docs D] [--lines L]
+        [--epic-k K] [--blend-share X] [--blend-layer I] [--threads T] [--workers W]
+
+Runs in the engine venv (torch, transformers; MODEL_DIR from ``skv vllm smollm2 DIR``) on CPU,
+float32, greedy decoding. A prompt is ``prefix | doc_1 | ... | doc_D | suffix``
+(:mod:`.probe_tasks`); the prefix is a true prefix, so every scheme computes it as full prefill
+does. Each document's KV is computed ON ITS OWN, at positions ``0..len-1``, as a cache that
+stores documents once would hold it; then the schemes build the prompt's KV:
+
+- ``naive``: the documents' KV concatenated as is (keys rotated for their old positions);
+- ``rope_shift``: each document's keys re-rotated to their new positions: RoPE is a rotation
+  per position, ``R(p + d) = R(d) R(p)``, so rotating by the document's offset ``d`` gives the
+  keys full prefill would have at layer 0 exactly (layer 0's K and V depend on the token alone);
+  later layers still miss the cross-document attention;
+- ``epic``: ``rope_shift``, then the first ``epic_k`` tokens of each document recomputed
+  (EPIC-like: the tokens that attend to nothing before them in the standalone KV);
+- ``cacheblend``: ``rope_shift``, then the ``blend_share`` of document tokens whose layer
+  ``blend_layer`` KV deviates most from full recompute recomputed (CacheBlend-like). Layer 1 by
+  default: after the rotation layer 0 cannot deviate, and layer 1's recomputed KV is what
+  recomputing layer 0 for every token gives, i.e. full prefill's layer-1 KV (taken from the
+  ``full`` pass, which costs this probe nothing but is the same value). Deviation = L2 norm of
+  the (K, V) difference over heads;
+- ``full``: full prefill, the reference.
+
+Recompute is layer by layer, as both systems do: one forward over the whole context in which,
+at every layer, the K and V of every position that is not recomputed are replaced by the
+reused ones (:class:`_Overrides`, a registered attention function); a recomputed token therefore
+attends to reused KV of the others and to recomputed KV of its fellows, and its own KV flows from
+its recomputed hidden state. The suffix is then prefilled on that cache and answered greedily.
+The attention function is SDPA's with an explicit causal mask (mask interface registered too:
+without it a suffix prefilled on a cache is masked as if it started at position 0).
+
+Prints nothing but progress on stderr; writes ``OUT.json``: per item and scheme the generated
+text, the extracted answer, the share of document tokens recomputed, and the run's metadata.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from skv.experiments.repurpose.probe_tasks import MAX_NEW_TOKENS, SYSTEM, TASKS, extract, make_items
+
+log = logging.getLogger("skv.quality_probe")
+
+SCHEMES = ("full", "naive", "rope_shift", "epic", "cacheblend")
+ATTENTION = "skv_probe"
+
+
+class _Overrides:
+    """Per layer, the reused K and V of a context and the positions that take them.
+
+    Set around one context forward; the attention function reads it. ``record`` keeps each
+    layer's final K and V (reused where substituted, computed elsewhere) to build the cache.
+    """
+
+    def __init__(self) -> None:
+        self.keys: list[Any] | None = None
+        self.values: list[Any] | None = None
+        self.mask: Any = None  # bool (T, 1): True where the reused KV replaces the computed
+        self.record: list[tuple[Any, Any]] | None = None
+
+
+OVR = _Overrides()
+
+
+def _register(torch: Any) -> None:
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    def attention(module, query, key, value, attention_mask, **kw):
+        if OVR.record is not None:
+            if OVR.keys is not None:
+                li = module.layer_idx
+                key = torch.where(OVR.mask, OVR.keys[li], key)
+                value = torch.where(OVR.mask, OVR.values[li], value)
+            OVR.record.append((key, value))
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kw)
+
+    AttentionInterface.register(ATTENTION, attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)
+
+
+class Probe:
+    def __init__(self, model_dir: str | Path, threads: int) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        torch.set_num_threads(threads)
+        torch.manual_seed(0)
+        _register(torch)
+        self.torch = torch
+        self.tok = AutoTokenizer.from_pretrained(model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_dir, attn_implementation=ATTENTION, dtype=torch.float32
+        ).eval()
+        cfg = self.model.config
+        self.layers = cfg.num_hidden_layers
+        eos = cfg.eos_token_id
+        self.eos = {eos} if isinstance(eos, int) else set(eos)
+
+    def ids(self, text: str) -> list[int]:
+        return self.tok(text, add_special_tokens=False)["input_ids"]
+
+    # ------------------------------------------------------------------ KV building blocks
+
+    def context_kv(self, ctx: list[int], over: tuple[list, list, Any] | None) -> list[tuple]:
+        """One forward over ``ctx``; per layer the K, V the cache holds (with ``over``'s reused
+        KV substituted at its masked positions, layer by layer)."""
+        OVR.keys, OVR.values, OVR.mask = over if over is not None else (None, None, None)
+        OVR.record = []
+        try:
+            with self.torch.no_grad():
+                # the decoder stack only: a context pass needs its KV, not its logits
+                self.model.model(self.torch.tensor([ctx]), use_cache=False)
+            return OVR.record
+        finally:
+            OVR.keys = OVR.values = OVR.mask = OVR.record = None
+
+    def standalone_kv(self, doc: list[int]) -> list[tuple]:
+        """A document's KV prefilled on its own, at positions 0..len-1."""
+        return self.context_kv(doc, None)
+
+    def rotate(self, k: Any, delta: int) -> Any:
+        """Keys rotated by ``delta`` positions: RoPE's rotation at position ``delta`` applied to
+        already rotated keys (rotations compose)."""
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        pos = self.torch.full((1, k.shape[-2]), delta)
+        cos, sin = self.model.model.rotary_emb(k, pos)
+        _, out = apply_rotary_pos_emb(k, k, cos, sin)
+        return out
+
+    def answer(self, layers: list[tuple], ctx_len: int, suffix: list[int], n: int) -> str:
+        """Greedy answer after ``suffix`` prefilled on the context cache ``layers``."""
+        from transformers import DynamicCache
+
+        torch = self.torch
+        cache = DynamicCache(config=self.model.config)
+        for li, (k, v) in enumerate(layers):
+            cache.update(k, v, li)
+        out: list[int] = []
+        cur, pos = suffix, ctx_len
+        with torch.no_grad():
+            for _ in range(n):
+                ids = torch.tensor([cur])
+                positions = torch.arange(pos, pos + len(cur))[None]
+                logits = self.model(
+                    ids, past_key_values=cache, use_cache=True, position_ids=positions
+                ).logits
+                t = int(logits[0, -1].argmax())
+                if t in self.eos:
+                    break
+                out.append(t)
+                pos += len(cur)
+                cur = [t]
+        return self.tok.decode(out)
+
+    def plain_generate(self, prompt: list[int], n: int) -> str:
+        """transformers' own greedy ``generate()`` on the whole prompt (the test's reference)."""
+        torch = self.torch
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            out = self.model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=n,
+                do_sample=False,
+                pad_token_id=self.tok.eos_token_id,
+            )
+        new = [t for t in out[0, len(prompt) :].tolist() if t not in self.eos]
+        return self.tok.decode(new)
+
+    # ------------------------------------------------------------------ one item, all schemes
+
+    def run_item(
+        self, item: Any, schemes: tuple[str, ...], epic_k: int, share: float, layer: int
+    ) -> dict[str, dict[str, Any]]:
+        torch = self.torch
+        ctx = self.ids(SYSTEM)
+        spans: list[tuple[int, int]] = []
+        doc_ids = []
+        for d in item.documents:
+            di = self.ids(d)
+            spans.append((len(ctx), len(di)))
+            doc_ids.append(di)
+            ctx += di
+        suffix = self.ids(item.suffix)
+        n = MAX_NEW_TOKENS[item.task]
+        T = len(ctx)
+        full = self.context_kv(ctx, None)
+        out: dict[str, dict[str, Any]] = {}
+        doc_tokens = sum(length for _, length in spans)
+
+        def emit(name: str, layers: list[tuple], recomputed: int) -> None:
+            text = self.answer(layers, T, suffix, n)
+            out[name] = {"text": text, "extracted": extract(item, text), "recomputed": recomputed}
+
+        if "full" in schemes:
+            emit("full", full, doc_tokens)
+        if not set(schemes) - {"full"}:
+            return out
+        # reused KV: the prefix as full prefill has it (a true prefix), documents standalone
+        naive_k = [full[li][0].clone() for li in range(self.layers)]
+        naive_v = [full[li][1].clone() for li in range(self.layers)]
+        shift_k = [k.clone() for k in naive_k]
+        reused = torch.zeros(T, 1, dtype=torch.bool)
+        for (off, length), di in zip(spans, doc_ids, strict=True):
+            own = self.standalone_kv(di)
+            for li, (k, v) in enumerate(own):
+                naive_k[li][:, :, off : off + length] = k
+                naive_v[li][:, :, off : off + length] = v
+                shift_k[li][:, :, off : off + length] = self.rotate(k, off)
+            reused[off : off + length] = True
+        if "naive" in schemes:
+            emit("naive", list(zip(naive_k, naive_v, strict=True)), 0)
+        if "rope_shift" in schemes:
+            emit("rope_shift", list(zip(shift_k, naive_v, strict=True)), 0)
+        if "epic" in schemes:
+            keep = reused.clone()
+            for off, length in spans:
+                keep[off : off + min(epic_k, length)] = False
+            n_re = int((reused & ~keep).sum())
+            emit("epic", self.context_kv(ctx, (shift_k, naive_v, keep)), n_re)
+        if "cacheblend" in schemes:
+            fk, fv = full[layer]
+            dev = (fk - shift_k[layer]).pow(2).sum(dim=(0, 1, 3)) + (fv - naive_v[layer]).pow(
+                2
+            ).sum(dim=(0, 1, 3))
+            dev = torch.where(reused[:, 0], dev, torch.full_like(dev, -1.0))
+            n_re = math.ceil(share * doc_tokens)
+            top = torch.topk(dev, n_re).indices
+            keep = reused.clone()
+            keep[top] = False
+            emit("cacheblend", self.context_kv(ctx, (shift_k, naive_v, keep)), n_re)
+        for name in out:
+            out[name]["doc_tokens"] = doc_tokens
+        return out
+
+
+def _work(job: tuple[dict[str, Any], int, int]) -> list[dict[str, Any]]:
+    """One worker's share of the items (every ``workers``-th, from ``w``): its rows."""
+    opts, w, workers = job
+    probe = Probe(opts["model"], opts["threads"])
+    rows: list[dict[str, Any]] = []
+    t0 = time.monotonic()
+    shape = {"docs": opts["docs"], "items": opts["lines"]}
+    todo = [
+        item
+        for task in opts["tasks"]
+        for item in make_items(opts["seed"], task, opts["items"], **shape)
+    ][w::workers]
+    for n, item in enumerate(todo, 1):
+        res = probe.run_item(
+            item, opts["schemes"], opts["epic_k"], opts["blend_share"], opts["blend_layer"]
+        )
+        for scheme, r in res.items():
+            rows.append(
+                {
+                    "task": item.task,
+                    "item": item.index,
+                    "scheme": scheme,
+                    "answer": item.answer,
+                    "chance": item.chance,
+                    **r,
+                }
+            )
+        if n % 10 == 0 or n == len(todo):
+            log.info("worker %d: %d/%d items, %.0f s", w, n, len(todo), time.monotonic() - t0)
+    return rows
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """All items through every scheme, split over ``args.workers`` processes of ``args.threads``
+    torch threads each (one thread per process: torch's OpenMP threads spin, and two of them
+    on cores shared with anything else run many times slower than one). Rows are sorted, so
+    the result does not depend on the number of workers."""
+    import torch
+    import transformers
+
+    schemes = tuple(s for s in SCHEMES if s in args.schemes.split(","))
+    tasks = [t for t in TASKS if t in args.tasks.split(",")]
+    opts = {
+        "model": str(args.model),
+        "threads": args.threads,
+        "tasks": tasks,
+        "schemes": schemes,
+        "seed": args.seed,
+        "items": args.items,
+        "docs": args.docs,
+        "lines": args.lines,
+        "epic_k": args.epic_k,
+        "blend_share": args.blend_share,
+        "blend_layer": args.blend_layer,
+    }
+    t0 = time.monotonic()
+    jobs = [(opts, w, args.workers) for w in range(args.workers)]
+    if args.workers == 1:
+        parts = [_work(jobs[0])]
+    else:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn")) as pool:
+            parts = list(pool.map(_work, jobs))
+    order = {s: i for i, s in enumerate(SCHEMES)}
+    rows = sorted(
+        (r for part in parts for r in part),
+        key=lambda r: (TASKS.index(r["task"]), r["item"], order[r["scheme"]]),
+    )
+    meta_file = Path(args.model) / "skv_smollm2.json"
+    example = make_items(args.seed, tasks[0], 1, docs=args.docs, items=args.lines)[0]
+    return {
+        "model": json.loads(meta_file.read_text()) if meta_file.exists() else str(args.model),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cpu": _cpu(),
+        **{k: v for k, v in opts.items() if k != "model"},
+        "schemes": list(schemes),
+        "workers": args.workers,
+        "example": {**asdict(example), "suffix": example.suffix},
+        "seconds": round(time.monotonic() - t0, 1),
+        "rows": rows,
+    }
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} CPUs)"
+    except OSError:
+        pass
+    return f"{os.cpu_count()} CPUs"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("model", help="a SmolLM2 directory from `skv vllm smollm2 DIR`")
+    p.add_argument("out", help="the JSON file to write")
+    p.add_argument("--items", type=int, default=200, help="items per task")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tasks", default=",".join(TASKS))
+    p.add_argument("--schemes", default=",".join(SCHEMES))
+    p.add_argument("--docs", type=int, default=3, help="documents per prompt")
+    p.add_argument("--lines", type=int, default=3, help="items listed per document")
+    p.add_argument("--epic-k", type=int, default=8)
+    p.add_argument("--blend-share", type=float, default=0.15)
+    p.add_argument("--blend-layer", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    p.add_argument("--workers", type=int, default=1, help="processes, items split among them")
+    args = p.parse_args(argv)
+    bad = [t for t in args.tasks.split(",") if t not in TASKS]
+    bad += [s for s in args.schemes.split(",") if s not in SCHEMES]
+    ok = args.items >= 1 and args.epic_k >= 0 and 0 <= args.blend_share <= 1
+    ok = ok and args.threads >= 1 and args.workers >= 1 and args.blend_layer >= 0
+    if bad or not ok:
+        rule = "items, threads, workers >= 1; epic-k, blend-layer >= 0; blend-share in [0, 1]"
+        p.error(f"bad arguments: {bad or rule}")
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    result = run(args)
+    out = Path(args.out)
+    tmp = out.with_suffix(".part")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    tmp.replace(out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

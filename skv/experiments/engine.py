@@ -324,6 +324,37 @@ def server_options(cfg: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def start_and_replay(
+    srv: Any,
+    plan: Any,
+    cfg: dict[str, Any],
+    *,
+    concurrency: int = 1,
+    typed: bool = False,
+    warmup: dict[str, Any] | None = None,
+) -> tuple[list[Any], float]:
+    """Start ``srv`` (a :class:`skv.vllm.server.VllmServer` whose context the caller holds),
+    send ``plan`` with ``concurrency`` requests in flight (``typed``: with the segments' types),
+    after the ``warmup`` request if given; the results and the replay's wall time in s."""
+    import time
+
+    from skv.vllm.client import StreamingClient
+    from skv.vllm.hashreplay import replay_plan
+
+    async def go():
+        async with StreamingClient(
+            srv.base_url, srv.model_name, timeout=float(cfg["request_timeout_s"])
+        ) as c:
+            if warmup is not None:
+                await c.request(warmup, max_tokens=1)
+            return await replay_plan(c, plan, concurrency=concurrency, typed=typed)
+
+    srv.start()
+    t0 = time.perf_counter()
+    results = run_coroutine(go)
+    return results, time.perf_counter() - t0
+
+
 def engine_missing() -> str | None:
     """Why the engine cannot run here, or None."""
     from skv.vllm.server import find_engine_python, setup_hint

@@ -25,7 +25,6 @@ a few unique blocks per request, so the distinct blocks exceed the cache and for
 from __future__ import annotations
 
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,9 +34,9 @@ from skv.experiments.engine import (
     engine_missing,
     engine_setup,
     load_section,
-    run_coroutine,
     server_options,
     simulate_hits,
+    start_and_replay,
     synthetic_trace,
 )
 from skv.model import Request
@@ -81,27 +80,15 @@ def load_config(
 
 def measure(cfg: dict[str, Any], trace: Sequence[Request], work_dir: Path) -> dict[str, Any]:
     """Start the engine, send ``trace`` sequentially, return plan, results and timings."""
-    from skv.vllm.client import StreamingClient
-    from skv.vllm.hashreplay import replay_plan
     from skv.vllm.server import VllmServer
 
     py, model, plan = engine_setup(cfg, trace, work_dir)
     srv = VllmServer(model, python=py, log_path=work_dir / "server.log", **server_options(cfg))
 
-    async def go():
-        async with StreamingClient(
-            srv.base_url, srv.model_name, timeout=float(cfg["request_timeout_s"])
-        ) as c:
-            # a warm-up request (its own token ids, no shared blocks) keeps first-call overheads
-            # out of the measured TTFTs; it only occupies blocks that are freed again
-            await c.request({"prompt": [7] * 40}, max_tokens=1)
-            return await replay_plan(c, plan, concurrency=1)
-
     with srv:
-        srv.start()
-        t0 = time.perf_counter()
-        results = run_coroutine(go)
-        replay_s = time.perf_counter() - t0
+        # a warm-up request (its own token ids, no shared blocks) keeps first-call overheads
+        # out of the measured TTFTs; it only occupies blocks that are freed again
+        results, replay_s = start_and_replay(srv, plan, cfg, warmup={"prompt": [7] * 40})
     return {"plan": plan, "results": results, "startup_s": srv.ready_seconds, "replay_s": replay_s}
 
 

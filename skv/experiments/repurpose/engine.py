@@ -43,7 +43,6 @@ without the engine venv.
 from __future__ import annotations
 
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,9 +52,9 @@ from skv.experiments.engine import (
     engine_missing,
     engine_setup,
     load_section,
-    run_coroutine,
     server_options,
     simulate_hits,
+    start_and_replay,
 )
 from skv.model import Request, Segment
 
@@ -354,8 +353,6 @@ _RUNS: dict[str, tuple[str, str, str, str]] = {
 def measure(cfg: dict[str, Any], trace: Sequence[Request], work_dir: Path) -> dict[str, Any]:
     """Start stock vLLM (prefix caching, no plugin), send ``trace`` sequentially, return the
     plan, results and timings. No warm-up request: the cache sees the trace only."""
-    from skv.vllm.client import StreamingClient
-    from skv.vllm.hashreplay import replay_plan
     from skv.vllm.server import VllmServer
 
     py, model, plan = engine_setup(cfg, trace, work_dir)
@@ -363,17 +360,8 @@ def measure(cfg: dict[str, Any], trace: Sequence[Request], work_dir: Path) -> di
         raise RuntimeError(f"the hash replay cut {plan.totals['truncated_requests']} prompt(s)")
     srv = VllmServer(model, python=py, log_path=work_dir / "server.log", **server_options(cfg))
 
-    async def go():
-        async with StreamingClient(
-            srv.base_url, srv.model_name, timeout=float(cfg["request_timeout_s"])
-        ) as c:
-            return await replay_plan(c, plan, concurrency=1)
-
     with srv:
-        srv.start()
-        t0 = time.perf_counter()
-        results = run_coroutine(go)
-        replay_s = time.perf_counter() - t0
+        results, replay_s = start_and_replay(srv, plan, cfg)
     return {"plan": plan, "results": results, "startup_s": srv.ready_seconds, "replay_s": replay_s}
 
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,9 +39,9 @@ from skv.experiments.engine import (
     engine_missing,
     engine_setup,
     load_section,
-    run_coroutine,
     server_options,
     simulate_hits,
+    start_and_replay,
     synthetic_trace,
 )
 
@@ -144,8 +143,6 @@ def measure(
     """Serve ``variant`` (``stock`` or a policy through the plugin) on a fresh engine, send the
     trace with its types (``concurrency`` requests in flight; 1 = sequential), return the plan,
     results, timings and the plugin's log."""
-    from skv.vllm.client import StreamingClient
-    from skv.vllm.hashreplay import replay_plan
     from skv.vllm.server import VllmServer
 
     py, model, plan = engine_setup(cfg, trace, work)
@@ -163,18 +160,9 @@ def measure(
         extra_args=["--max-num-batched-tokens", str(int(cfg["max_model_len"]))],
     )
 
-    async def go():
-        async with StreamingClient(
-            srv.base_url, srv.model_name, timeout=float(cfg["request_timeout_s"])
-        ) as c:
-            # no warm-up request: it would be one more request in the policy's history
-            return await replay_plan(c, plan, concurrency=concurrency, typed=True)
-
     with srv:
-        srv.start()
-        t0 = time.perf_counter()
-        results = run_coroutine(go)
-        replay_s = time.perf_counter() - t0
+        # no warm-up request: it would be one more request in the policy's history
+        results, replay_s = start_and_replay(srv, plan, cfg, concurrency=concurrency, typed=True)
         log_lines = []
         if srv.eviction_log is not None and srv.eviction_log.exists():
             text = srv.eviction_log.read_text(encoding="utf-8")

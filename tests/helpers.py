@@ -31,8 +31,11 @@ def rb(
     block_size: int = 4,
     index: int = 0,
     arrival_s: float = 0.0,
+    seg_tokens: Sequence[int] | None = None,
+    session: str | None = None,
 ) -> RequestBlocks:
-    """A hand-made request: one prefix chain over ``keys`` of full blocks unless told otherwise."""
+    """A hand-made request: one prefix chain over ``keys`` of full blocks unless told otherwise
+    (``seg_tokens``: each block's segment length, default its own tokens)."""
     keys = list(keys)
     n = len(keys)
     if parents is None:
@@ -46,8 +49,8 @@ def rb(
         parents=list(parents),
         tokens=tokens,
         stypes=[TYPE_INDEX[t] for t in st],
-        seg_tokens=list(tokens),
-        session=None,
+        seg_tokens=list(tokens) if seg_tokens is None else list(seg_tokens),
+        session=session,
         turn=0,
         templated=False,
         block_size=block_size,

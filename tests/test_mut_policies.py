@@ -340,18 +340,16 @@ def one(
     session: str | None = None,
 ) -> RequestBlocks:
     """A single-block request (its block is its own chain root)."""
-    return RequestBlocks(
-        index,
-        t,
+    return rb(
         [key],
-        [None],
-        [tokens],
-        [TYPE_INDEX[stype]],
-        [tokens if seg_tokens is None else seg_tokens],
-        session,
-        0,
-        False,
-        block_size,
+        parents=[None],
+        tokens=[tokens],
+        stypes=[stype],
+        block_size=block_size,
+        index=index,
+        arrival_s=t,
+        seg_tokens=None if seg_tokens is None else [seg_tokens],
+        session=session,
     )
 
 

@@ -7,10 +7,11 @@ import random
 
 import pytest
 from helpers import RADIX_POLICIES, require_policy
+from helpers import rb as chain_request
 
 from skv.blocks import RequestBlocks
 from skv.cache.radix import BlockCache
-from skv.model import TYPE_INDEX, SemanticType
+from skv.model import SemanticType
 from skv.policies.base import PriorityPolicy
 from skv.policies.registry import OFFLINE, make_cache
 from skv.replay import annotate_next_use
@@ -27,19 +28,17 @@ def one(
     seg_tokens: int | None = None,
     index: int = 0,
 ) -> RequestBlocks:
-    """A single-block request whose block is its own chain root."""
-    return RequestBlocks(
-        index,
-        t,
+    """A single-block request (its block is its own chain root)."""
+    return chain_request(
         [key],
-        [None],
-        [tokens],
-        [TYPE_INDEX[stype]],
-        [tokens if seg_tokens is None else seg_tokens],
-        None,
-        0,
-        False,
-        4,
+        parents=[None],
+        tokens=[tokens],
+        stypes=[stype],
+        block_size=4,
+        index=index,
+        arrival_s=t,
+        seg_tokens=None if seg_tokens is None else [seg_tokens],
+        session=None,
     )
 
 

@@ -263,7 +263,61 @@ def _repurpose_figures() -> dict[str, object]:
     return {
         "hit_rate_figure": REP.hit_rate_figure(hits, meta, "Zipfian RAG"),
         "ttft_figure": REP.ttft_figure(ttfts, meta, "Zipfian RAG"),
+        "sensitivity_figure": _repurpose_sensitivity_figure(),
+        "quality_figure": _repurpose_quality_figure(),
+        "repurpose_vllm_figure": _repurpose_vllm_figure(),
     }
+
+
+def _repurpose_sensitivity_figure():
+    """One-at-a-time sweep rows (the shape sensitivity.sweep returns;
+    tests/test_repurpose_sensitivity.py draws a real sweep)."""
+    import pandas as pd
+
+    from skv.experiments.repurpose import sensitivity as SS
+
+    table = pd.DataFrame(
+        {"parameter": name, "value": v, "seed": s, "prefix_hit_rate": 0.2 + 0.01 * s,
+         "segment_hit_rate": 0.5 + 0.1 * i, "prefix_ceiling": 0.3,
+         "prefix_inf_hit_rate": 0.28}
+        for name, values in (("zipf_alpha", (0.6, 0.9, 1.2)), ("k", (2.0, 4.0, 8.0)))
+        for i, v in enumerate(values)
+        for s in (0, 1, 2)
+    )  # fmt: skip
+    return SS.sensitivity_figure(table, "Sensitivity", {"zipf_alpha": 0.9, "k": 4.0})
+
+
+def _repurpose_quality_figure():
+    """Per-item probe rows (the shape quality_probe writes; tests/test_repurpose_quality.py
+    runs the real model)."""
+    from skv.experiments.repurpose import probe_tasks as pt
+    from skv.experiments.repurpose import quality as Q
+
+    rows = [
+        {"task": task, "item": i, "scheme": scheme, "answer": "1234", "chance": 1e-4,
+         "text": x, "extracted": x, "recomputed": 0 if scheme != "full" else 10,
+         "doc_tokens": 10}
+        for task in pt.TASKS
+        for scheme in Q.SCHEMES
+        for i, x in enumerate(("1234", "1234", "99"))
+    ]  # fmt: skip
+    return Q.quality_figure(Q.summary(Q.frame(rows)), {"model": {"source": "x"}})
+
+
+def _repurpose_vllm_figure():
+    """Per-request cached tokens (the shape run_repurpose_vllm returns;
+    tests/test_repurpose_vllm.py builds one from a real simulation)."""
+    from skv.experiments.repurpose import engine as RE
+
+    per_request = [
+        {"measured_cached_tokens": 16 * (i % 3), "simulated_cached_tokens": 16 * (i % 3),
+         "segment_cached_tokens": 32, "unbounded_prefix_cached_tokens": 48}
+        for i in range(12)
+    ]  # fmt: skip
+    result = {"per_request": per_request, "exact_agreement": 1.0, "measured_hit_rate": 0.25,
+              "simulated_hit_rate": 0.25, "segment_gain_pts": 20.0,
+              "segment_lru_hit_rate": 0.45, "config": {"title": "Zipfian RAG on vLLM"}}  # fmt: skip
+    return RE.repurpose_vllm_figure(result)
 
 
 def _texts(fig) -> list[str]:
@@ -312,6 +366,9 @@ def test_every_figure_function_is_covered_here():
         "qps_figure",
         "load_figure",
         "eviction_figure",
+        "sensitivity_figure",
+        "quality_figure",
+        "repurpose_vllm_figure",
     }
 
 

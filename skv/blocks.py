@@ -302,22 +302,28 @@ def _hash_id_blocks(request: Request, block_size: int, mode: KeyingMode, salt: s
     prev_key: int | None = None
     si = 0
     prev_seg: Segment | None = None
+    segment_mode = mode is KeyingMode.SEGMENT
+    last = len(hids) - 1
+    st = seg_len = 0
+    reusable = False
     for i, hid in enumerate(hids):
         start = i * bs
         while si + 1 < len(bounds) and bounds[si + 1][0] <= start:
             si += 1
         seg = bounds[si][1] if bounds else Segment(SemanticType.UNKNOWN, prompt)
-        restart = prev_key is None or (
-            mode is KeyingMode.SEGMENT and seg is not prev_seg and seg.is_reusable()
-        )
+        new_seg = seg is not prev_seg
+        if new_seg:  # per segment, not per block: enum hashing is slow
+            st = TYPE_INDEX[seg.stype]
+            seg_len = seg.num_tokens
+            reusable = seg.is_reusable()
+        restart = prev_key is None or (segment_mode and new_seg and reusable)
         chain = root if restart else prev_key
         key = hash((chain, hid)) & _MASK64
         keys.append(key)
         parents.append(None if restart else prev_key)
-        n = bs if i < len(hids) - 1 else max(1, min(bs, prompt - bs * (len(hids) - 1)))
-        tokens.append(n)
-        stypes.append(TYPE_INDEX[seg.stype])
-        seg_tokens.append(seg.num_tokens)
+        tokens.append(bs if i < last else max(1, min(bs, prompt - bs * last)))
+        stypes.append(st)
+        seg_tokens.append(seg_len)
         prev_key = key
         prev_seg = seg
     return keys, parents, tokens, stypes, seg_tokens

@@ -176,6 +176,51 @@ def test_the_approximate_view_evicts_the_least_recently_routed_prefix():
     assert [view.match(a3), view.match(b2), view.match(c)] == [20.0, 0.0, 21.0]
 
 
+@pytest.mark.parametrize("mode", ["prefix", "segment"])
+def test_the_shared_index_answers_what_each_replicas_own_cache_answers(mode):
+    """``ApproximateCluster.match_all`` (one walk over the request for every replica) against
+    each view's own ``lookup``, before every routing decision of a stream that evicts (router
+    caches of 40 blocks, prompts of 21-31) and, in segment keying, restarts chains at every
+    document; the index holds a replica's bit on exactly the keys its cache holds."""
+    from skv.blocks import request_blocks
+    from skv.sim.routers import ApproximateCluster
+
+    rng = random.Random(3)
+    reqs = [
+        Request(
+            f"r{i}",
+            float(i),
+            [Segment(T.SYSTEM, 64, content_hash(f"sys{rng.randrange(2)}"))]
+            + [
+                Segment(T.RETRIEVED_CONTEXT, 160, content_hash(f"doc{rng.randrange(5)}"))
+                for _ in range(rng.randint(1, 2))
+            ]
+            + [Segment(T.USER_QUERY, 16, content_hash(f"q{rng.randrange(3)}"))],
+        )
+        for i in range(400)
+    ]
+    cluster = ApproximateCluster(_replicas(4, 100), 40)
+    checked = dict.fromkeys(range(4), 0)
+    whole = 0
+    for i, r in enumerate(reqs):
+        rb = request_blocks(r, 16, mode, index=i)
+        want = [v.match(rb) for v in cluster]
+        assert cluster.match_all(rb) == want, i
+        checked.update({k: checked[k] + 1 for k, h in enumerate(want) if 0 < h < len(rb.keys)})
+        whole += sum(h == len(rb.keys) for h in want)
+        cluster[rng.randrange(4)].record(rb)
+        held = {
+            key: sum(1 << k for k, v in enumerate(cluster) if key in v.cache.blocks)
+            for v in cluster
+            for key in v.cache.blocks
+        }
+        assert cluster.index == held, i
+    assert min(checked.values()) > 20 and whole > 20  # partial and whole matches compared
+    assert sum(v.cache.stats.evictions for v in cluster) > 100
+    if mode == "segment":
+        assert sum(p is None for p in rb.parents) > 1  # several lookup runs per request
+
+
 # ----------------------------------------------------------------------------------------
 # (c) precise reads the exact cache whatever the view
 

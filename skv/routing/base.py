@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 if TYPE_CHECKING:
@@ -65,10 +66,32 @@ class Ranking:
         return self.order[0]
 
 
+def matches(rb: RequestBlocks, views: Sequence[ReplicaView]) -> list[float]:
+    """Every view's ``match(rb)``, in view order. Views that can answer for all replicas in
+    one pass (a ``match_all`` method: the simulator's shared approximate index) are asked
+    once; otherwise each view is asked. Same values either way."""
+    batch = getattr(views, "match_all", None)
+    return batch(rb) if batch is not None else [v.match(rb) for v in views]
+
+
+def matched_tokens(rb: RequestBlocks, hits: Sequence[float]) -> list[int]:
+    """Tokens of the leading blocks of ``rb`` each replica holds, given every replica's
+    matched blocks (``matches``); one prefix sum shared by all replicas."""
+    cum = [0, *accumulate(rb.tokens)]
+    last = len(rb.tokens)
+    return [cum[min(int(h), last)] for h in hits]
+
+
+def order_by(*columns: Sequence[float]) -> list[int]:
+    """Replica indices sorted by the per-replica ``columns`` (first column first), ties by
+    index."""
+    n = len(columns)
+    return [k[n] for k in sorted(zip(*columns, range(len(columns[0])), strict=True))]
+
+
 def least_loaded_order(views: Sequence[ReplicaView]) -> list[int]:
     """Replica indices by (load, routed, index): the one tie-break every router shares."""
-    keyed = sorted([(v.load, v.routed, i) for i, v in enumerate(views)])
-    return [k[2] for k in keyed]
+    return order_by([v.load for v in views], [v.routed for v in views])
 
 
 class Router:
@@ -99,17 +122,17 @@ class LocalityRouter(Router):
             raise ValueError(f"max_imbalance must be >= 0 or None, got {max_imbalance}")
         self.max_imbalance = max_imbalance
 
-    def score(self, rb: RequestBlocks, view: ReplicaView) -> float:
-        """How much of ``rb`` the replica holds; higher is better (default: matched blocks)."""
-        return view.match(rb)
+    def scores(self, rb: RequestBlocks, hits: list[float]) -> list[float]:
+        """How much of ``rb`` each replica holds, given its matched leading blocks; higher is
+        better (default: the matched blocks)."""
+        return hits
 
     def rank(self, rb: RequestBlocks, views: Sequence[ReplicaView]) -> Ranking:
-        scores = [self.score(rb, v) for v in views]
+        scores = self.scores(rb, matches(rb, views))
         load = [v.load for v in views]
         routed = [v.routed for v in views]
-        n = len(views)
-        order = sorted(range(n), key=lambda i: (-scores[i], load[i], routed[i], i))
-        least = min(range(n), key=lambda i: (load[i], routed[i], i))
+        order = order_by([-s for s in scores], load, routed)
+        least = min(zip(load, routed, range(len(load)), strict=True))[2]
         reason = self.name
         if self.max_imbalance is not None and load[order[0]] - load[least] > self.max_imbalance:
             order.remove(least)

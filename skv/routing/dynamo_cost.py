@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from skv.routing.base import Ranking, ReplicaView, Router
-from skv.routing.sglang_cache_aware import matched_tokens
+from skv.routing.base import Ranking, ReplicaView, Router, matched_tokens, matches, order_by
 
 if TYPE_CHECKING:
     from skv.blocks import RequestBlocks
@@ -59,16 +58,14 @@ class DynamoCost(Router):
             if self.blocks_per_request is not None
             else self._seen_blocks / self._seen
         )
-        costs = [
-            round(
-                self.overlap_score_weight * (rb.prompt_tokens - matched_tokens(rb, v)) / bs
-                + v.load * b
-                + own,
-                3,
-            )
-            for v in views
-        ]
-        order = sorted(
-            range(len(views)), key=lambda i: (costs[i], views[i].load, views[i].routed, i)
-        )
-        return Ranking(order, costs, self.name)
+        w = self.overlap_score_weight
+        prompt = rb.prompt_tokens
+        loads = [v.load for v in views]
+        cost: dict[tuple[int, int], float] = {}  # by (matched tokens, load): few distinct pairs
+        costs = []
+        for t, load in zip(matched_tokens(rb, matches(rb, views)), loads, strict=True):
+            c = cost.get((t, load))
+            if c is None:
+                c = cost[t, load] = round(w * (prompt - t) / bs + load * b + own, 3)
+            costs.append(c)
+        return Ranking(order_by(costs, loads, [v.routed for v in views]), costs, self.name)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
 from skv.model import TYPES, SemanticType
-from skv.routing.base import LocalityRouter, ReplicaView
+from skv.routing.base import LocalityRouter
 
 if TYPE_CHECKING:
     from skv.blocks import RequestBlocks
@@ -49,6 +50,8 @@ class SemanticLocality(LocalityRouter):
         st = TYPES[stype] if isinstance(stype, int) else SemanticType(stype)
         return self.weights.get(st, 1.0)
 
-    def score(self, rb: RequestBlocks, view: ReplicaView) -> float:
-        hit = int(view.match(rb))
-        return round(sum(rb.tokens[i] * self._weight(rb.stypes[i]) for i in range(hit)), 3)
+    def scores(self, rb: RequestBlocks, hits: list[float]) -> list[float]:
+        most = min(int(max(hits, default=0)), len(rb.tokens))
+        tokens, stypes = rb.tokens, rb.stypes
+        cum = [0, *accumulate(tokens[i] * self._weight(stypes[i]) for i in range(most))]
+        return [round(cum[min(int(h), most)], 3) for h in hits]

@@ -5,16 +5,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from skv.routing.base import Ranking, ReplicaView, Router, least_loaded_order
+from skv.routing.base import (
+    Ranking,
+    ReplicaView,
+    Router,
+    least_loaded_order,
+    matched_tokens,
+    matches,
+    order_by,
+)
 
 if TYPE_CHECKING:
     from skv.blocks import RequestBlocks
-
-
-def matched_tokens(rb: RequestBlocks, view: ReplicaView) -> int:
-    """Tokens of the leading blocks of ``rb`` the view says its replica holds."""
-    hit = min(int(view.match(rb)), len(rb.tokens))
-    return sum(rb.tokens[:hit])
 
 
 class SGLangCacheAware(Router):
@@ -61,20 +63,27 @@ class SGLangCacheAware(Router):
         self.cache_threshold = cache_threshold
 
     def imbalanced(self, views: Sequence[ReplicaView]) -> bool:
-        loads = [v.load for v in views]
+        return self._imbalanced([v.load for v in views])
+
+    def _imbalanced(self, loads: list[int]) -> bool:
         hi, lo = max(loads), min(loads)
         return hi - lo > self.balance_abs_threshold and hi > self.balance_rel_threshold * lo
 
     def rank(self, rb: RequestBlocks, views: Sequence[ReplicaView]) -> Ranking:
-        if self.imbalanced(views):
+        loads = [v.load for v in views]
+        if self._imbalanced(loads):
             reason = f"{self.name}: imbalanced, shortest queue"
             return Ranking(least_loaded_order(views), None, reason)
         prompt = max(1, rb.prompt_tokens)
-        ratios = [round(matched_tokens(rb, v) / prompt, 6) for v in views]
+        ratio: dict[int, float] = {}  # by matched tokens: most replicas share a few values
+        ratios = []
+        for t in matched_tokens(rb, matches(rb, views)):
+            r = ratio.get(t)
+            if r is None:
+                r = ratio[t] = round(t / prompt, 6)
+            ratios.append(r)
         if max(ratios) > self.cache_threshold:
-            order = sorted(
-                range(len(views)), key=lambda i: (-ratios[i], views[i].load, views[i].routed, i)
-            )
+            order = order_by([-r for r in ratios], loads, [v.routed for v in views])
             return Ranking(order, ratios, f"{self.name}: cache match")
         reason = f"{self.name}: match <= {self.cache_threshold}, least loaded"
         return Ranking(least_loaded_order(views), ratios, reason)

@@ -11,7 +11,9 @@ reads as a replica's ``match`` depends on the view (``SimConfig.router_view``):
   the replica's cache capacity), updated at routing time. This is what the router service
   (:mod:`skv.services.router`) keeps, so the router can believe a prefix is cached that the
   replica has evicted (or, with a smaller cache, forget one the replica still holds), and it
-  never sees answers (output blocks) the replica caches.
+  never sees answers (output blocks) the replica caches. The views share one key index
+  (:class:`ApproximateCluster`), so a router reads all replicas' matches in one walk of the
+  prompt (``skv.routing.base.matches``).
 
 ``precise`` always gets the exact view: it models KV-cache events, which report what the
 engine really holds. For both views ``load`` is the replica's queued plus running requests and
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ROUTERS",
     "VIEWS",
+    "ApproximateCluster",
     "ApproximateView",
     "ExactCacheView",
     "Ranking",
@@ -78,24 +81,96 @@ class ApproximateView(ExactCacheView):
 
     Like the router service's approximate cache, each routed prompt is inserted by ``access``
     (acquire then release at once) at a logical clock that counts the insertions; unlike the
-    service (which inserts when the answer ends), the simulator inserts at routing time."""
+    service (which inserts when the answer ends), the simulator inserts at routing time.
 
-    def __init__(self, replica: Replica, cache_blocks: int | None = None) -> None:
+    ``index``/``bit``: the cluster's shared key index (:class:`ApproximateCluster`) and this
+    replica's bit in it; ``record`` keeps this replica's bit set on exactly the keys its cache
+    holds (None: no shared index)."""
+
+    def __init__(
+        self,
+        replica: Replica,
+        cache_blocks: int | None = None,
+        index: dict[Any, int] | None = None,
+        bit: int = 0,
+    ) -> None:
         from skv.policies.registry import make_cache
 
         super().__init__(replica)
         blocks = replica.cache.capacity_blocks if cache_blocks is None else cache_blocks
-        self.cache = make_cache("lru", blocks)
+        self.cache = make_cache("lru", blocks, record_evictions=index is not None)
         self._clock = 0
+        self._index = index
+        self._bit = bit
 
     def match(self, rb: RequestBlocks) -> float:
         return float(self.cache.lookup(rb))
 
     def record(self, rb: RequestBlocks) -> None:
         """Insert the prompt routed here into the router's cache (its most recent entry)."""
-        if rb.keys:
-            self._clock += 1
-            self.cache.access(rb, float(self._clock))
+        if not rb.keys:
+            return
+        self._clock += 1
+        lease = self.cache.access(rb, float(self._clock))
+        index = self._index
+        if index is None:
+            return
+        bit = self._bit
+        log = self.cache.eviction_log
+        for entry in log:  # evictions happen before insertions: clear first, then set
+            held = index[entry[1]] & ~bit
+            if held:
+                index[entry[1]] = held
+            else:
+                del index[entry[1]]
+        log.clear()
+        for b in lease.blocks:
+            index[b.key] = index.get(b.key, 0) | bit
+
+
+class ApproximateCluster(list):
+    """The approximate views of all replicas, plus one index over their caches: key ->
+    bitmask of the replicas whose router cache holds it (SGLang's router keeps one approximate
+    tree with the set of workers per node, for the same reason). ``match_all`` then walks a
+    request's keys once for every replica instead of once per replica; it returns what each
+    view's ``match`` would (tests/test_sim_routers.py checks it at every routing decision).
+
+    Memory: one entry per key cached on at least one replica."""
+
+    def __init__(self, replicas: Sequence[Replica], cache_blocks: int | None = None) -> None:
+        self.index: dict[Any, int] = {}
+        super().__init__(
+            ApproximateView(r, cache_blocks, self.index, 1 << k) for k, r in enumerate(replicas)
+        )
+
+    def match_all(self, rb: RequestBlocks) -> list[float]:
+        """Every replica's matched blocks of ``rb`` with ``BlockCache.lookup``'s rule: a lookup
+        run starts at every chain root and counts blocks until the replica's first miss."""
+        index = self.index
+        hits = [0] * len(self)
+        parents = rb.parents
+        full = (1 << len(self)) - 1
+        alive = start = 0
+        for i, key in enumerate(rb.keys):
+            if parents[i] is None:
+                _credit(hits, alive, i - start)  # the previous run's survivors
+                alive, start = full, i
+            elif not alive:
+                continue
+            held = alive & index.get(key, 0)
+            if held != alive:
+                _credit(hits, alive & ~held, i - start)
+                alive = held
+        _credit(hits, alive, len(rb.keys) - start)
+        return [float(h) for h in hits]
+
+
+def _credit(hits: list[int], mask: int, amount: int) -> None:
+    """Add ``amount`` to ``hits[r]`` for every replica ``r`` whose bit is set in ``mask``."""
+    while mask:
+        low = mask & -mask
+        hits[low.bit_length() - 1] += amount
+        mask ^= low
 
 
 class SimRouting:
@@ -123,7 +198,7 @@ class SimRouting:
         self.view = "exact" if isinstance(self.router, Precise) else view
         self.views: list[ExactCacheView]
         if self.view == "approximate":
-            self.views = [ApproximateView(r, cache_blocks) for r in replicas]
+            self.views = ApproximateCluster(replicas, cache_blocks)
         else:
             self.views = [ExactCacheView(r) for r in replicas]
         self._record = self.view == "approximate" and self.router.cache_aware

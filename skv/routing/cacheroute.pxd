@@ -1,0 +1,1 @@
+# compiled with Cython (skv/_build.py): the router hot path

@@ -1,0 +1,104 @@
+"""Trace memory at scale: build an N-times scale-up of the Claude Code sessions, then measure
+``skv traces info`` on it (wall seconds and peak RSS of a fresh process).
+
+The scale-up (issue 15's test case) copies every ``weka_cc/trace_*.json`` session ``N`` times,
+the copies renamed (``id`` -> ``<id>-x<k>``; local hash ids are tagged per session id, so every
+copy is a distinct session with its own blocks: N times the requests, accesses and unique
+blocks, the same reuse inside each session). Nothing is downloaded; the files go to ``--out``
+(default a temporary directory, deleted afterwards).
+
+Each ``--scales`` value is built and measured in turn, smallest first, and the run stops before
+a scale whose projected peak RSS (bytes per block access of the previous scale times the next
+one's accesses) would exceed ``--max-rss-gb`` (default 8): the 20x scale-up of the 40 shared
+sessions is projected, not run, while skv still holds every request's block list.
+
+Run: ``python benchmarks/trace_scale.py [--scales 1 2 4 20] [--max-rss-gb 8]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from skv.traces import find_trace
+
+
+def scale_up(src: Path, out: Path, copies: int) -> int:
+    """Write ``copies`` renamed copies of every session in ``src`` to ``out``; returns files."""
+    out.mkdir(parents=True, exist_ok=True)
+    n = 0
+    for path in sorted(src.glob("trace_*.json")):
+        data = json.loads(path.read_text())
+        base = data.get("id") or path.stem
+        for k in range(copies):
+            data["id"] = f"{base}-x{k}"
+            (out / f"{path.stem}-x{k}.json").write_text(json.dumps(data))
+            n += 1
+    return n
+
+
+def measure_info(trace_dir: Path) -> dict[str, float | int]:
+    """``skv traces info`` in a fresh process: wall seconds, peak RSS and the block accesses."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "skv.cli", "traces", "info", str(trace_dir), "--format",
+         "claude_code"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    wall = time.perf_counter() - t0
+    peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    if peak_kb <= before:
+        raise RuntimeError("could not read the child's peak RSS (an earlier child was larger)")
+    accesses = int(re.search(r"block accesses\s+([\d,]+)", proc.stdout)[1].replace(",", ""))
+    requests = int(re.search(r"requests\s+([\d,]+)", proc.stdout)[1].replace(",", ""))
+    return {"wall_s": wall, "peak_rss_gb": peak_kb / 2**20, "accesses": accesses,
+            "requests": requests}  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--scales", type=int, nargs="+", default=[1, 2, 4, 20])
+    ap.add_argument("--max-rss-gb", type=float, default=8.0)
+    ap.add_argument("--out", type=Path, default=None, help="keep the scaled traces here")
+    args = ap.parse_args()
+    src = find_trace("weka_cc")
+    root = args.out or Path(tempfile.mkdtemp(prefix="skv-scale-"))
+    print(f"source: {src} ({len(list(src.glob('trace_*.json')))} sessions)")
+    print(f"  {'scale':>5} {'requests':>9} {'accesses':>12} {'wall s':>8} {'peak RSS':>9} "
+          f"{'B/access':>9}")  # fmt: skip
+    per_access = None
+    base_accesses = None
+    try:
+        for scale in sorted(args.scales):
+            if per_access is not None and base_accesses is not None:
+                projected = per_access * base_accesses * scale / 2**30
+                if projected > args.max_rss_gb:
+                    print(f"  {scale:>5} projected {projected:,.1f} GB peak RSS (> "
+                          f"--max-rss-gb {args.max_rss_gb:g}): not run")  # fmt: skip
+                    continue
+            d = root / f"x{scale}"
+            scale_up(src, d, scale)
+            m = measure_info(d)
+            if base_accesses is None:
+                base_accesses = m["accesses"] / scale
+            per_access = m["peak_rss_gb"] * 2**30 / m["accesses"]
+            print(f"  {scale:>5} {m['requests']:>9,} {m['accesses']:>12,} {m['wall_s']:>8.1f} "
+                  f"{m['peak_rss_gb']:>7.2f} GB {per_access:>9.0f}")  # fmt: skip
+            if args.out is None:
+                shutil.rmtree(d)
+    finally:
+        if args.out is None:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1000,6 +1000,62 @@ def test_saecache_counts_every_hit_of_its_queue():
     assert cache.policy._hits_q == [2, 0, 0, 0]
 
 
+def test_saecache_a_block_released_back_in_time_is_priced_in_its_own_queue_only():
+    """Guards ``on_unpin``'s ``b.version += 1`` (a release earlier than the block's last one,
+    saecache.py:674) against ``b.version = 1``: the reset lets the version climb back to one
+    stored in a void entry of another queue, which then counts as live again.
+
+    Capacity 2, single-turn user queries never promoted (Evict-First). X (key 1) is released at
+    2 (entry, version 1), then hit at 3 and released back in time at 1 (re-pushed: version 3;
+    the mutant's reset re-pushes at version 2, in Evict-First). A chat hit at 4 moves X to Chat
+    (version 5; the mutant's 4), and a chat hit at 5 released back in time at 3.5 re-pushes it
+    there (version 7; the mutant resets and re-pushes at 2, the version of its void Evict-First
+    entry, never popped: no eviction yet). V (key 2), a chat block released at 0. At 6 a new
+    block evicts V: P_V = S(6) / 6 = 0.107 is below X's chat P = S(2.5) / 2.5 = 0.338 (S the
+    seed log-normal survival); the mutant also prices X as Evict-First, 0.1 / 2.5 = 0.04, and
+    evicts X."""
+    cache = make_cache("saecache_fixed", 2, {"promote_hits": None}, record_evictions=True)
+    cache.access(one(2, 0.0, index=0, session="t"), 0.0)
+    cache.access(one(1, 2.0, index=1), 2.0)
+    cache.release(cache.acquire(one(1, 3.0, index=2), 3.0), 1.0)
+    cache.access(one(1, 4.0, index=3, session="s"), 4.0)
+    cache.release(cache.acquire(one(1, 5.0, index=4, session="s"), 5.0), 3.5)
+    assert (cache.stats.hit_blocks, evicted(cache)) == (3, [])
+    cache.access(one(3, 6.0, index=5), 6.0)
+    assert evicted(cache) == [2]
+
+
+def test_saecache_a_block_dropped_pinned_from_a_heap_top_is_priced_in_its_own_queue_only():
+    """Guards ``victim``'s ``b.version += 1`` on a pinned block dropped from the top of its
+    heap (saecache.py:733) against ``b.version = 1``: the reset lets the version climb back to
+    one stored in a void entry of another queue, which then counts as live again.
+
+    Capacity 2, single-turn user queries never promoted (Evict-First). X (key 1) released at 1,
+    W (key 2) at 2. At 3 X is hit and, while it is pinned, A (key 3) evicts W: X's entry, the
+    top of Evict-First, is dropped (version 2; the mutant's 1) and X is re-pushed on release at
+    3 (version 3; the mutant's 2), under A's entry (also released at 3, earlier). A chat hit at
+    4 moves X to Chat (version 5; the mutant's 4). At 5, X hit by a chat request and pinned, a
+    chat block B (key 4) evicts A: X's Chat entry is dropped again (version 6; the mutant resets
+    to 1) and X is re-pushed on release at 6 (version 7; the mutant's 2, the version of its void
+    Evict-First entry, which A's entry kept from the top). At 7 a new block evicts B, the older
+    chat block: P_B = S(2) / 2 = 0.441 is below X's chat P = S(1) / 1 = 0.956 (S the seed
+    log-normal survival); the mutant also prices X as Evict-First, 0.1 / 1, and evicts X."""
+    cache = make_cache("saecache_fixed", 2, {"promote_hits": None}, record_evictions=True)
+    cache.access(one(1, 1.0, index=0), 1.0)
+    cache.access(one(2, 2.0, index=1), 2.0)
+    lease = cache.acquire(one(1, 3.0, index=2), 3.0)
+    cache.access(one(3, 3.0, index=3), 3.0)
+    cache.release(lease, 3.0)
+    assert evicted(cache) == [2]
+    cache.access(one(1, 4.0, index=4, session="s"), 4.0)
+    lease = cache.acquire(one(1, 5.0, index=5, session="s"), 5.0)
+    cache.access(one(4, 5.0, index=6, session="t"), 5.0)
+    cache.release(lease, 6.0)
+    assert (cache.stats.hit_blocks, evicted(cache)) == (3, [2, 3])
+    cache.access(one(5, 7.0, index=7), 7.0)
+    assert evicted(cache) == [2, 3, 4]
+
+
 def test_make_cache_for_vllm_builds_the_stock_pool_or_a_policy_ordered_one():
     """``vllm`` alone: vLLM's own pool, with the cache options given; with ``eviction``: the
     pool whose free queue the named policy orders, with ``eviction_params``."""

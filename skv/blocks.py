@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from enum import StrEnum
 
+import cython
+
 from skv.model import TYPE_INDEX, Request, Segment, SemanticType
 
 ROOT_SEED = 0x5EED_5EED_5EED
@@ -127,12 +129,20 @@ def request_blocks(
     *,
     index: int = 0,
     salt_by_tenant: bool = False,
+    chains: dict | None = None,
 ) -> RequestBlocks:
-    """Turn a request into blocks with keys; see the module docstring for the keying rules."""
+    """Turn a request into blocks with keys; see the module docstring for the keying rules.
+
+    ``chains``: a dict shared across the calls for one trace (``compile_trace`` passes one),
+    holding each session's last hash-id chain: a turn that repeats its session's previous
+    prompt copies those keys instead of hashing them again (prefix keying; the keys are the
+    same either way, since a prefix key depends only on the root and the ids up to it)."""
     mode = KeyingMode(mode)
     salt = request.tenant_id if salt_by_tenant else None
     if request.hash_ids is not None:
-        keys, parents, tokens, stypes, seg_tokens = _hash_id_blocks(request, block_size, mode, salt)
+        keys, parents, tokens, stypes, seg_tokens = _hash_id_blocks(
+            request, block_size, mode, salt, chains
+        )
         block_size = request.hash_block_size or block_size
     elif mode is KeyingMode.PREFIX:
         keys, parents, tokens, stypes, seg_tokens = _prefix_blocks(request, block_size, salt)
@@ -177,6 +187,7 @@ def compile_trace(
 
     ``block_size=None`` takes a hash-id trace's own block size, else ``DEFAULT_BLOCK_SIZE``.
     """
+    chains: dict = {}
     return [
         request_blocks(
             r,
@@ -184,9 +195,56 @@ def compile_trace(
             mode,
             index=i,
             salt_by_tenant=salt_by_tenant,
+            chains=chains,
         )
         for i, r in enumerate(requests)
     ]
+
+
+def tally_blocks(
+    rb: RequestBlocks, seen: set, tokens_by_type: list, blocks_by_type: list
+) -> tuple[int, int]:
+    """Count ``rb``'s blocks into the per-type totals and its keys into ``seen``; returns the
+    (blocks, tokens) an infinite cache would hit: a block hits when its key was seen before and
+    every block since its chain root hit (a key repeated within one request hits, as in the
+    cache). The per-access loop of every trace summary (``replay.trace_totals``), compiled."""
+    keys: list = rb.keys
+    parents: list = rb.parents
+    tokens: list = rb.tokens
+    stypes: list = rb.stypes
+    n: cython.Py_ssize_t = len(keys)
+    i: cython.Py_ssize_t
+    hits: cython.longlong = 0
+    hit_tokens: cython.longlong = 0
+    tok: cython.longlong
+    st: cython.Py_ssize_t
+    run_type: cython.Py_ssize_t = -1  # the per-type totals take a run of one type at once
+    run_tokens: cython.longlong = 0
+    run_blocks: cython.longlong = 0
+    in_run: cython.bint = False
+    for i in range(n):
+        tok = tokens[i]
+        st = stypes[i]
+        if st != run_type:
+            if run_blocks:
+                tokens_by_type[run_type] += run_tokens
+                blocks_by_type[run_type] += run_blocks
+            run_type, run_tokens, run_blocks = st, 0, 0
+        run_tokens += tok
+        run_blocks += 1
+        if parents[i] is None:
+            in_run = True
+        key = keys[i]
+        if in_run and key in seen:
+            hits += 1
+            hit_tokens += tok
+        else:
+            in_run = False
+            seen.add(key)
+    if run_blocks:
+        tokens_by_type[run_type] += run_tokens
+        blocks_by_type[run_type] += run_blocks
+    return hits, hit_tokens
 
 
 def annotate_next_use(trace: Sequence[RequestBlocks]) -> None:
@@ -277,8 +335,26 @@ def _segment_blocks(request: Request, block_size: int, salt: str | None):
     return keys, parents, tokens, stypes, seg_tokens
 
 
-def _hash_id_blocks(request: Request, block_size: int, mode: KeyingMode, salt: str | None):
-    """Blocks straight from a trace's hash ids; a block takes the type of its first token."""
+def _shared_prefix(a: list, b: list) -> int:
+    """Number of leading equal elements of two lists."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:  # the usual case, one prompt extends the other: compared in C
+        return n
+    i = 0
+    while a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _hash_id_blocks(
+    request: Request,
+    block_size: int,
+    mode: KeyingMode,
+    salt: str | None,
+    chains: dict | None = None,
+):
+    """Blocks straight from a trace's hash ids; a block takes the type of its first token.
+    ``chains``: see :func:`request_blocks`."""
     bs = request.hash_block_size or block_size
     if request.hash_block_size and block_size and block_size != request.hash_block_size:
         raise ValueError(
@@ -286,44 +362,57 @@ def _hash_id_blocks(request: Request, block_size: int, mode: KeyingMode, salt: s
             f"block_size={block_size} cannot re-cut hash ids (use the trace's block size)"
         )
     hids = request.hash_ids or []
+    n = len(hids)
     prompt = request.prompt_tokens
     root = _root(salt)
-    # token offset where each segment starts, to type each block by its first token
-    bounds: list[tuple[int, Segment]] = []
-    acc = 0
-    for seg in request.segments:
-        bounds.append((acc, seg))
-        acc += seg.num_tokens
-    keys: list[int] = []
-    parents: list[int | None] = []
-    tokens: list[int] = []
+    segs = request.segments or [Segment(SemanticType.UNKNOWN, prompt)]
+    # block i starts at token i * bs and takes the type of the last segment starting at or
+    # before it: segment j owns the blocks starting in [start_j, start_j+1), so types and
+    # sizes are filled a segment at a time and only the keys cost a step per block
     stypes: list[int] = []
     seg_tokens: list[int] = []
-    prev_key: int | None = None
-    si = 0
-    prev_seg: Segment | None = None
+    restarts: list[int] = []  # blocks that start a chain (segment keying: reusable segments)
     segment_mode = mode is KeyingMode.SEGMENT
-    last = len(hids) - 1
-    st = seg_len = 0
-    reusable = False
-    for i, hid in enumerate(hids):
-        start = i * bs
-        while si + 1 < len(bounds) and bounds[si + 1][0] <= start:
-            si += 1
-        seg = bounds[si][1] if bounds else Segment(SemanticType.UNKNOWN, prompt)
-        new_seg = seg is not prev_seg
-        if new_seg:  # per segment, not per block: enum hashing is slow
-            st = TYPE_INDEX[seg.stype]
-            seg_len = seg.num_tokens
-            reusable = seg.is_reusable()
-        restart = prev_key is None or (segment_mode and new_seg and reusable)
-        chain = root if restart else prev_key
-        key = hash((chain, hid)) & _MASK64
-        keys.append(key)
-        parents.append(None if restart else prev_key)
-        tokens.append(bs if i < last else max(1, min(bs, prompt - bs * last)))
-        stypes.append(st)
-        seg_tokens.append(seg_len)
-        prev_key = key
-        prev_seg = seg
+    acc = 0
+    first = 0
+    prev_seg: Segment | None = None
+    for j in range(len(segs)):
+        seg = segs[j]
+        acc += seg.num_tokens
+        end = n if j == len(segs) - 1 else min(n, -(-acc // bs))  # blocks starting before acc
+        if end > first:
+            count = end - first
+            stypes += [TYPE_INDEX[seg.stype]] * count
+            seg_tokens += [seg.num_tokens] * count
+            if segment_mode and first and seg is not prev_seg and seg.is_reusable():
+                restarts.append(first)
+            prev_seg = seg
+            first = end
+    keys: list[int] = []
+    known = 0  # leading keys copied from the session's previous chain
+    memo = None
+    if chains is not None and not segment_mode and request.session_id is not None:
+        memo = (request.session_id, salt)  # a key depends on the root and the ids only
+        prev = chains.get(memo)
+        if prev is not None:
+            known = _shared_prefix(hids, prev[0])
+            keys = prev[1][:known]
+    chain = keys[known - 1] if known else root
+    nxt = restarts[0] if restarts else n
+    r = 0
+    for i in range(known, n):
+        if i == nxt:
+            chain = root
+            r += 1
+            nxt = restarts[r] if r < len(restarts) else n
+        chain = hash((chain, hids[i])) & _MASK64
+        keys.append(chain)
+    if memo is not None:
+        chains[memo] = (hids, keys)
+    parents: list[int | None] = [None, *keys[: n - 1]] if n else []
+    for i in restarts:
+        parents[i] = None
+    tokens = [bs] * n
+    if n:
+        tokens[n - 1] = max(1, min(bs, prompt - bs * (n - 1)))
     return keys, parents, tokens, stypes, seg_tokens

@@ -19,7 +19,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from skv.blocks import RequestBlocks, annotate_next_use
+from skv.blocks import RequestBlocks, annotate_next_use, tally_blocks
 from skv.blocks import compile_trace as compile_trace  # re-exported: the usual import site
 from skv.fileio import atomic_dir, atomic_write
 from skv.model import NUM_TYPES, TYPES
@@ -60,18 +60,9 @@ def trace_totals(trace: Iterable[RequestBlocks]) -> TraceTotals:
         t.requests += 1
         t.prompt_tokens += rb.prompt_tokens
         t.block_accesses += len(rb.keys)
-        in_run = False
-        for key, parent, tok, st in zip(rb.keys, rb.parents, rb.tokens, rb.stypes, strict=True):
-            t.tokens_by_type[st] += tok
-            t.blocks_by_type[st] += 1
-            if parent is None:
-                in_run = True
-            if in_run and key in seen:
-                t.ceiling_hit_blocks += 1
-                t.ceiling_hit_tokens += tok
-            else:
-                in_run = False
-                seen.add(key)  # per block: a key repeated within one request hits, as in the cache
+        hits, hit_tokens = tally_blocks(rb, seen, t.tokens_by_type, t.blocks_by_type)
+        t.ceiling_hit_blocks += hits
+        t.ceiling_hit_tokens += hit_tokens
     t.unique_blocks = len(seen)
     return t
 

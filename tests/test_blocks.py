@@ -332,3 +332,61 @@ def test_hash_id_segment_mode_restarts_the_chain_at_each_reusable_segment():
     segs = [seg(T.SYSTEM, 4, "s"), seg(T.RETRIEVED_CONTEXT, 8, "doc")]
     b = blocks(hash_req([1, 2, 3], segs), 4, "segment")
     assert b.parents == [None, None, b.keys[1]]
+
+
+# ---------------------------------------------------------------- a session's repeated prefix
+
+
+def _session_turns(seed: int = 5, sessions: int = 4, turns: int = 12) -> list[Request]:
+    """Multi-turn hash-id sessions: each turn extends its session's last prompt, or (1 in 4)
+    rewrites it from a random block on (a diverging turn), under two tenants, with several
+    segments so blocks take different types; interleaved in arrival order."""
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for s in range(sessions):
+        ids: list[int] = []
+        for t in range(turns):
+            if ids and rng.random() < 0.25:
+                ids = ids[: rng.randrange(len(ids))]
+            ids = ids + [rng.randrange(10**6) for _ in range(rng.randint(0, 5))]
+            n = 4 * len(ids) + rng.randint(0, 3) or 1
+            cut = rng.randint(0, n)
+            segs = [seg(T.SYSTEM, cut, "sys"), seg(T.RETRIEVED_CONTEXT, n - cut, f"d{s}-{t}")]
+            out.append(
+                Request(f"s{s}:{t}", t + s / 10, segs, hash_ids=list(ids), hash_block_size=4,
+                        session_id=f"s{s}", tenant_id=f"t{s % 2}")
+            )  # fmt: skip
+    return sorted(out, key=lambda r: r.arrival_s)
+
+
+@pytest.mark.parametrize("salt", [False, True])
+@pytest.mark.parametrize("mode", ["prefix", "segment"])
+def test_copying_a_sessions_repeated_prefix_gives_the_keys_hashing_gives(mode, salt):
+    """``chains`` (what compile_trace passes) copies the keys of the prefix a turn shares with
+    its session's previous turn; every block must equal the request cut on its own."""
+    from skv.blocks import compile_trace
+
+    reqs = _session_turns()
+    shared = compile_trace(reqs, None, mode, salt_by_tenant=salt)
+    alone = [request_blocks(r, 4, mode, index=i, salt_by_tenant=salt) for i, r in enumerate(reqs)]
+    assert [b._fields() for b in shared] == [b._fields() for b in alone]
+    # the copy happened (prefix keying): a later turn's keys are its predecessor's objects
+    if mode == "prefix":
+        assert any(b.num_blocks and any(b.keys[0] is a.keys[0] for a in shared[:i])
+                   for i, b in enumerate(shared) if i)  # fmt: skip
+
+
+def test_a_copied_chain_is_not_shared_across_sessions_or_tenants():
+    """Two sessions (and two tenants of one session id) with the same ids: the chain memo is
+    per session and salt, so nothing leaks between them."""
+    chains: dict = {}
+    a = request_blocks(hash_req([1, 2, 3], session_id="a"), 4, chains=chains)
+    b = request_blocks(hash_req([1, 2, 3], session_id="b"), 4, chains=chains)
+    assert a.keys == b.keys  # same root, same ids: the same keys, copied or not
+    t1 = request_blocks(hash_req([1, 2], session_id="a", tenant_id="x"), 4, salt_by_tenant=True,
+                        chains=chains)  # fmt: skip
+    t2 = request_blocks(hash_req([1, 2], session_id="a", tenant_id="y"), 4, salt_by_tenant=True,
+                        chains=chains)  # fmt: skip
+    assert t1.keys[0] != t2.keys[0] and t1.keys[0] != a.keys[0]

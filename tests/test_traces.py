@@ -727,3 +727,16 @@ def test_real_azure_conv_loads_every_row():
     with open(path) as f:
         rows = sum(1 for _ in f) - 1
     assert len(reqs) == rows and reqs[0].arrival_s == 0.0
+
+
+def test_claude_code_turns_hold_their_predecessors_ids_not_copies():
+    """Memory (issue 15): a turn repeating the previous prompt shares that prompt's id objects,
+    so the repeated prefix costs one list slot per block; the values are the remapped ids."""
+    reqs = by_id(load_claude_code(CLAUDE))
+    a2, a3 = reqs["sess_a:2"].hash_ids, reqs["sess_a:3"].hash_ids
+    assert len(a2) == 4 and a3[:4] == a2  # sess_a:3 extends sess_a:2
+    assert all(x is y for x, y in zip(a2, a3[:4], strict=True))
+    tag = a3[0] >> 32
+    raw = json.loads((CLAUDE / "trace_a.json").read_text())["requests"]
+    ids = [r for r in raw if r.get("type") != "subagent"][2]["hash_ids"]
+    assert a3 == [tag << 32 | h for h in ids]

@@ -60,6 +60,8 @@ def sort_by_arrival(requests: list[Request]) -> list[Request]:
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     """Number of leading equal elements of two id lists."""
     n = min(len(a), len(b))
+    if a[:n] == b[:n]:  # the usual case, one prompt extends the other: compared in C
+        return n
     i = 0
     while i < n and a[i] == b[i]:
         i += 1

@@ -50,7 +50,7 @@ than whole blocks (the published sessions have exactly ``in // 64``) is one warn
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -216,6 +216,7 @@ class _SessionBuilder:
     ) -> None:
         bs = self.bs
         prev_ids: list[int] | None = None
+        prev_raw: list[int] | None = None
         prev_rid: str | None = None
         turn = 0
         for i, e in enumerate(entries):
@@ -238,8 +239,14 @@ class _SessionBuilder:
                 len(e.hash_ids), n_in, bs, self.path, line=None, field=f"{where}.hash_ids"
             )
             self.short.check(len(e.hash_ids), n_in, bs, line=None, where=f"{where}.hash_ids")
+            raw = e.hash_ids
+            # the prefix shared with the previous request (the remap is one-to-one, so raw ids
+            # share exactly as many) reuses that request's id objects: a turn repeats ~95% of
+            # the last prompt, so memory per block access is one list slot, not a new int
+            same = common_prefix_len(raw, prev_raw) if prev_raw is not None else 0
             try:
-                ids = [self.remap(h) for h in e.hash_ids]
+                ids = prev_ids[:same] if prev_ids is not None else []
+                ids += [self.remap(h) for h in raw[same:]]
             except ValueError as err:
                 raise TraceFormatError(self.path, str(err), field=f"{where}.hash_ids") from None
             turn += 1
@@ -255,7 +262,7 @@ class _SessionBuilder:
             tool_tok = min(n_in, tool)
             sys_tok = min(n_in - tool_tok, system)
             fixed = tool_tok + sys_tok
-            shared = common_prefix_len(ids, prev_ids) * bs if prev_ids is not None else 0
+            shared = same * bs
             hist = max(0, min(n_in, shared) - fixed)
             segments = spans_to_segments(
                 [
@@ -297,7 +304,7 @@ class _SessionBuilder:
                     extra={k: v for k, v in extra.items() if v is not None},
                 )
             )
-            prev_ids = ids
+            prev_ids, prev_raw = ids, raw
             prev_rid = rid
 
 
@@ -332,7 +339,15 @@ def session_requests(
     sessions: Sequence[tuple[Path, CCSession]], *, session_interval_s: float = 30.0, seed: int = 0
 ) -> list[Request]:
     """The requests of parsed sessions placed on a seeded Poisson timeline, sorted by arrival."""
-    starts = session_starts(len(sessions), session_interval_s, seed)
+    return _place(iter(sessions), len(sessions), session_interval_s, seed)
+
+
+def _place(
+    sessions: Iterator[tuple[Path, CCSession]], n: int, session_interval_s: float, seed: int
+) -> list[Request]:
+    """:func:`session_requests` over ``n`` sessions taken one at a time (a parsed session can
+    be dropped once its requests are built)."""
+    starts = session_starts(n, session_interval_s, seed)
     used_tags: set[int] = set()
     seen: dict[str, tuple[Path, str]] = {}
     requests: list[Request] = []
@@ -357,7 +372,11 @@ def load_claude_code(
 
     ``max_sessions`` keeps the first N files in name order (quick looks at a big directory).
     """
-    sessions = read_sessions(path, max_sessions)
-    requests = session_requests(sessions, session_interval_s=session_interval_s, seed=seed)
-    log.info("claude_code: %d requests in %d sessions from %s", len(requests), len(sessions), path)
+    files = session_files(path)
+    if max_sessions is not None:
+        files = files[:max_sessions]
+    # parsed one file at a time: only the built requests stay (users' directories are large)
+    parsed = ((f, _read_session(f)) for f in files)
+    requests = _place(parsed, len(files), session_interval_s, seed)
+    log.info("claude_code: %d requests in %d sessions from %s", len(requests), len(files), path)
     return requests

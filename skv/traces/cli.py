@@ -92,9 +92,9 @@ def _load_args(args: argparse.Namespace) -> tuple[list[Request], list[RequestBlo
 def cmd_traces_info(args: argparse.Namespace) -> int:
     from skv.traces.info import format_info, trace_info
 
-    requests, _, block_size = _load_args(args)
-    try:
-        info = trace_info(requests, block_size=block_size, mode=args.mode)
+    requests = load_requests(args.trace, args.fmt, args.limit)
+    try:  # blocks are cut one request at a time: no compiled copy of the whole trace
+        info = trace_info(requests, args.block_size, args.mode, salt_by_tenant=args.salt_by_tenant)
     except KeyboardInterrupt as exc:
         exc.add_note(f"interrupted while summarising {args.trace}; traces info writes nothing")
         raise

@@ -12,10 +12,10 @@ so it includes trailing tokens that never form a full block.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-from skv.blocks import KeyingMode
+from skv.blocks import KeyingMode, RequestBlocks, request_blocks, resolve_block_size
 from skv.model import TYPES, Request, SemanticType
 
 
@@ -23,13 +23,27 @@ def trace_info(
     requests: Sequence[Request],
     block_size: int | None = None,
     mode: KeyingMode | str = "prefix",
+    *,
+    salt_by_tenant: bool = False,
 ) -> dict[str, Any]:
-    """Summary numbers of a trace (see module docstring); JSON-friendly values."""
-    from skv.replay import compile_trace, trace_totals
+    """Summary numbers of a trace (see module docstring); JSON-friendly values.
+
+    Requests are cut into blocks one at a time and dropped once counted, so the memory beyond
+    the requests themselves is the set of unique keys, not the block accesses."""
+    from skv.replay import trace_totals
 
     mode = KeyingMode(mode)
-    trace = compile_trace(requests, block_size, mode)
-    totals = trace_totals(trace)
+    sizes: set[int] = set()
+    chains: dict = {}  # each session's last chain: a turn's repeated prefix is not re-hashed
+
+    def blocks() -> Iterator[RequestBlocks]:
+        for i, r in enumerate(requests):
+            bs = resolve_block_size(block_size, r)
+            rb = request_blocks(r, bs, mode, index=i, salt_by_tenant=salt_by_tenant, chains=chains)
+            sizes.add(rb.block_size)
+            yield rb
+
+    totals = trace_totals(blocks())
     type_tokens: dict[SemanticType, int] = {}
     for req in requests:
         for seg in req.segments:
@@ -46,7 +60,7 @@ def trace_info(
         "prompt_tokens": totals.prompt_tokens,
         "output_tokens": sum(r.output_tokens for r in requests),
         "mode": str(mode),
-        "block_size": sorted({rb.block_size for rb in trace}),
+        "block_size": sorted(sizes),
         "block_accesses": totals.block_accesses,
         "block_tokens": sum(totals.tokens_by_type),
         "unique_blocks": totals.unique_blocks,

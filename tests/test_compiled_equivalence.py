@@ -41,6 +41,26 @@ def _rows_here(trace_path: Path, policies: list[str]) -> list[dict]:
     )
 
 
+def _run_pure_python(tmp_path: Path, script: str, *args: str) -> str:
+    """Run ``script`` with ``args`` on a copy of ``skv/`` without its compiled modules (so the
+    plain-Python fallback runs); returns its stdout."""
+    copy = tmp_path / "src"
+    shutil.copytree(
+        ROOT / "skv",
+        copy / "skv",
+        ignore=shutil.ignore_patterns("*.so", "*.c", "*.pyd", "__pycache__"),
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        env={**os.environ, "PYTHONPATH": str(copy)},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout
+
+
 def _write_tree_trace(path: Path, n: int = 400, seed: int = 7) -> None:
     """A Mooncake-format trace: prompts share prefixes of a random tree of 512-token blocks."""
     rng = random.Random(seed)
@@ -67,22 +87,7 @@ def test_pure_python_fallback_matches_the_compiled_hot_path(tmp_path):
     trace_path = tmp_path / "tree.jsonl"
     _write_tree_trace(trace_path)
     policies = list(POLICIES)
-    copy = tmp_path / "src"
-    shutil.copytree(
-        ROOT / "skv",
-        copy / "skv",
-        ignore=shutil.ignore_patterns("*.so", "*.c", "*.pyd", "__pycache__"),
-    )
-    env = {**os.environ, "PYTHONPATH": str(copy)}
-    out = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(trace_path), ",".join(policies)],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    fallback = json.loads(out.stdout)
+    fallback = json.loads(_run_pure_python(tmp_path, SCRIPT, str(trace_path), ",".join(policies)))
     assert fallback == _rows_here(trace_path, policies)
     assert any(r["evictions"] for r in fallback)  # the comparison exercised eviction
 
@@ -161,30 +166,17 @@ def run():
 
 
 def test_saecache_pure_python_fallback_is_bit_identical_on_every_queue(tmp_path):
-    copy = tmp_path / "src"
-    shutil.copytree(
-        ROOT / "skv",
-        copy / "skv",
-        ignore=shutil.ignore_patterns("*.so", "*.c", "*.pyd", "__pycache__"),
-    )
     script = (
         "from skv._build import build_status\n"
         'assert set(build_status().values()) == {"python"}, build_status()\n'
         + SAECACHE_RUN
         + "print(json.dumps(run()))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", script],
-        env={**os.environ, "PYTHONPATH": str(copy)},
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    fallback = _run_pure_python(tmp_path, script)
     namespace: dict = {}
     exec(SAECACHE_RUN, namespace)
     here = json.dumps(namespace["run"]())
-    assert out.stdout.strip() == here
+    assert fallback.strip() == here
     rows = json.loads(here)
     assert all(len(r["evictions"]) > 200 for r in rows)
     last = rows[0]["metrics"][-1]  # the learners moved every parameter
@@ -224,24 +216,7 @@ SIM_ROUTERS = ["least_loaded", "prefix_locality", "semantic_locality", "sglang_c
 
 
 def test_pure_python_simulator_and_routers_match_the_compiled_ones(tmp_path):
-    copy = tmp_path / "src"
-    shutil.copytree(
-        ROOT / "skv",
-        copy / "skv",
-        ignore=shutil.ignore_patterns("*.so", "*.c", "*.pyd", "__pycache__"),
-    )
-    script = tmp_path / "sim_run.py"
-    script.write_text(SIM_RUN)
-    env = {**os.environ, "PYTHONPATH": str(copy)}
-    out = subprocess.run(
-        [sys.executable, str(script), ",".join(SIM_ROUTERS)],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    fallback = json.loads(out.stdout)
+    fallback = json.loads(_run_pure_python(tmp_path, SIM_RUN, ",".join(SIM_ROUTERS)))
     namespace: dict = {}
     exec(compile(SIM_RUN, "sim_run", "exec"), namespace)
     here = namespace["run"](SIM_ROUTERS)

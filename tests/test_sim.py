@@ -138,3 +138,59 @@ def test_block_hit_rate_by_type_favours_shared_system_blocks():
     assert by_type["system"] > by_type["user_query"]
     assert by_type["system"] > 0.9
     assert by_type["user_query"] == 0.0
+
+
+def test_every_summary_field_is_its_definition_over_the_run():
+    """The summary recomputed from its sources: percentiles and means over the per-request
+    rows (numpy), token and block sums, per-type prompt tokens from the blocks, hits and
+    evictions by type from the replicas' caches, iterations from the iteration hook and
+    utilisation from the memory samples. A cache that evicts, two replicas, queueing."""
+    import numpy as np
+
+    from skv.blocks import compile_trace
+    from skv.model import TYPES
+
+    reqs = rag_requests(160, rate_rps=40.0, docs=12, seed=3)
+    cfg = SimConfig(capacity_blocks=120, block_size=16, replicas=2, sample_every_s=0.5)
+    iterations = []
+    res = simulate(reqs, cfg, LINEAR, progress=False,
+                   on_iteration=lambda *a: iterations.append(a))  # fmt: skip
+    s, rows = res.summary, res.requests
+    ttft = [r["ttft_ms"] for r in rows]
+    for q in (50, 90, 99):
+        assert s[f"ttft_ms_p{q}"] == pytest.approx(np.percentile(ttft, q))
+    assert s["ttft_ms_mean"] == pytest.approx(np.mean(ttft))
+    tpot = [r["tpot_ms"] for r in rows if r["output_tokens"] > 1]
+    assert s["tpot_ms_mean"] == pytest.approx(np.mean(tpot))
+    e2e = [r["e2e_ms"] for r in rows]
+    assert s["e2e_ms_mean"] == pytest.approx(np.mean(e2e))
+    assert s["e2e_ms_p99"] == pytest.approx(np.percentile(e2e, 99))
+    assert s["queue_ms_mean"] == pytest.approx(np.mean([r["queue_ms"] for r in rows]))
+    assert s["queue_ms_mean"] > 0  # the load queues
+    prompt = sum(r["prompt_tokens"] for r in rows)
+    cached = sum(r["cached_tokens"] for r in rows)
+    assert (s["prompt_tokens"], s["cached_tokens"]) == (prompt, cached)
+    assert s["computed_tokens"] == prompt - cached > 0
+    assert s["token_hit_rate"] == pytest.approx(cached / prompt)
+    blocks = sum(r["blocks"] for r in rows)
+    assert s["block_hit_rate"] == pytest.approx(sum(r["hit_blocks"] for r in rows) / blocks)
+    trace = compile_trace(reqs, 16)
+    by_type: dict[str, list[int]] = {}
+    for rb in trace:
+        for tok, st in zip(rb.tokens, rb.stypes, strict=True):
+            by_type.setdefault(TYPES[st].value, [0, 0])
+            by_type[TYPES[st].value][0] += tok
+            by_type[TYPES[st].value][1] += 1
+    assert s["prompt_tokens_by_type"] == {t: v[0] for t, v in by_type.items()}
+    assert set(s["hit_rate_by_type"]) == set(by_type) == set(s["block_hit_rate_by_type"])
+    assert 0 < s["hit_rate_by_type"]["system"] <= 1
+    assert s["hit_rate_by_type"]["system"] > s["hit_rate_by_type"]["user_query"]
+    assert s["evictions"] == sum(s["evictions_by_type"].values()) > 0
+    assert s["iterations"] == len(iterations)
+    util = [m["utilisation"] for m in res.memory]
+    assert len(util) > 10 and s["memory_utilisation_mean"] == pytest.approx(np.mean(util))
+    span = max(r["arrival_s"] + r["e2e_ms"] / 1e3 for r in rows) - min(r.arrival_s for r in reqs)
+    assert s["duration_s"] == pytest.approx(span)
+    assert s["throughput_rps"] == pytest.approx(len(rows) / span)
+    out = sum(r["output_tokens"] for r in rows)
+    assert s["output_tokens_per_s"] == pytest.approx(out / span)

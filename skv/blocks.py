@@ -335,13 +335,13 @@ def _segment_blocks(request: Request, block_size: int, salt: str | None):
     return keys, parents, tokens, stypes, seg_tokens
 
 
-def _shared_prefix(a: list, b: list) -> int:
-    """Number of leading equal elements of two lists."""
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Number of leading equal elements of two id lists (the trace readers use it too)."""
     n = min(len(a), len(b))
     if a[:n] == b[:n]:  # the usual case, one prompt extends the other: compared in C
         return n
     i = 0
-    while a[i] == b[i]:
+    while i < n and a[i] == b[i]:
         i += 1
     return i
 
@@ -395,7 +395,7 @@ def _hash_id_blocks(
         memo = (request.session_id, salt)  # a key depends on the root and the ids only
         prev = chains.get(memo)
         if prev is not None:
-            known = _shared_prefix(hids, prev[0])
+            known = common_prefix_len(hids, prev[0])
             keys = prev[1][:known]
     chain = keys[known - 1] if known else root
     nxt = restarts[0] if restarts else n

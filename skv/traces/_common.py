@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from skv.blocks import common_prefix_len as common_prefix_len  # re-exported for the readers
 from skv.model import Request, Segment, SemanticType, content_hash
 from skv.traces.errors import TraceFormatError, from_validation_error
 from skv.traces.limits import MAX_TOKENS, MAX_TOKENS_REASON
@@ -55,17 +56,6 @@ def parse_line(model: type[M], line: str, path: PathLike, lineno: int, *, strict
 def sort_by_arrival(requests: list[Request]) -> list[Request]:
     """Requests by arrival time; ties keep their input order (``sorted`` is stable)."""
     return sorted(requests, key=lambda r: r.arrival_s)
-
-
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    """Number of leading equal elements of two id lists."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:  # the usual case, one prompt extends the other: compared in C
-        return n
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def request_share_counts(hash_id_lists: Iterable[Sequence[int]]) -> Counter[int]:

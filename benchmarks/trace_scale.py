@@ -7,6 +7,10 @@ copy is a distinct session with its own blocks: N times the requests, accesses a
 blocks, the same reuse inside each session). Nothing is downloaded; the files go to ``--out``
 (default a temporary directory, deleted afterwards).
 
+Then the binary cache of parsed traces (:mod:`skv.traces.parsed_cache`): one fresh process
+loads the trace and writes its cache entry, a second loads it from the entry; both report the
+load alone (issue 15's bar for the second load of 20x: <= 5 s), and the entry's size.
+
 Each ``--scales`` value is built and measured in turn, smallest first; a scale whose projected
 peak RSS (bytes per block access of the previous scale times its accesses) would exceed
 ``--max-rss-gb`` (default 8) is projected instead of run, so a regression to per-access memory
@@ -45,13 +49,32 @@ def scale_up(src: Path, out: Path, copies: int) -> int:
     return n
 
 
+_LOAD = """
+import sys, time
+from skv.traces import load_trace
+t0 = time.perf_counter()
+load_trace(sys.argv[1], "claude_code", cache_dir=sys.argv[2])
+print(time.perf_counter() - t0)
+"""
+
+
+def measure_load(trace_dir: Path, cache: Path) -> float:
+    """Seconds to load the trace through the binary cache in ``cache``, in a fresh process."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _LOAD, str(trace_dir), str(cache)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return float(proc.stdout.split()[-1])
+
+
 def measure_info(trace_dir: Path) -> dict[str, float | int]:
-    """``skv traces info`` in a fresh process: wall seconds, peak RSS and the block accesses."""
+    """``skv traces info`` in a fresh process (trace cache off): wall seconds, peak RSS and the
+    block accesses."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     t0 = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-m", "skv.cli", "traces", "info", str(trace_dir), "--format",
-         "claude_code"],
+         "claude_code", "--no-trace-cache"],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     wall = time.perf_counter() - t0
@@ -74,7 +97,7 @@ def main() -> None:
     root = args.out or Path(tempfile.mkdtemp(prefix="skv-scale-"))
     print(f"source: {src} ({len(list(src.glob('trace_*.json')))} sessions)")
     print(f"  {'scale':>5} {'requests':>9} {'accesses':>12} {'wall s':>8} {'peak RSS':>9} "
-          f"{'B/access':>9}")  # fmt: skip
+          f"{'B/access':>9} {'load+cache s':>12} {'cached s':>8} {'entry':>8}")  # fmt: skip
     per_access = None
     base_accesses = None
     try:
@@ -91,10 +114,16 @@ def main() -> None:
             if base_accesses is None:
                 base_accesses = m["accesses"] / scale
             per_access = m["peak_rss_gb"] * 2**30 / m["accesses"]
+            cache = root / f"cache-x{scale}"
+            first = measure_load(d, cache)
+            second = measure_load(d, cache)
+            entry_mb = sum(f.stat().st_size for f in cache.iterdir()) / 2**20
             print(f"  {scale:>5} {m['requests']:>9,} {m['accesses']:>12,} {m['wall_s']:>8.1f} "
-                  f"{m['peak_rss_gb']:>7.2f} GB {per_access:>9.0f}")  # fmt: skip
+                  f"{m['peak_rss_gb']:>7.2f} GB {per_access:>9.0f} {first:>12.1f} {second:>8.1f} "
+                  f"{entry_mb:>5.0f} MB")  # fmt: skip
             if args.out is None:
                 shutil.rmtree(d)
+                shutil.rmtree(cache)
     finally:
         if args.out is None:
             shutil.rmtree(root, ignore_errors=True)

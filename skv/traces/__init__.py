@@ -8,8 +8,8 @@ One module per format (each documents its assumptions and typing rules), one reg
 - ``azure2023``: Azure LLM inference CSV (:mod:`skv.traces.azure`);
 - ``bailian``: Qwen-Bailian JSONL (:mod:`skv.traces.bailian`).
 
-Plus a libCacheSim ``oracleGeneral`` writer (:mod:`skv.traces.oracle_general`) and ``trace_info``
-(:mod:`skv.traces.info`).
+Plus a libCacheSim ``oracleGeneral`` writer (:mod:`skv.traces.oracle_general`), ``trace_info``
+(:mod:`skv.traces.info`) and a binary cache of parsed traces (:mod:`skv.traces.parsed_cache`).
 
 Every reader checks lengths before anything is sized by them: a prompt or an output of more than
 :data:`MAX_TOKENS` (2**24 = 16,777,216) tokens, a negative arrival time or a negative hash id is
@@ -150,13 +150,17 @@ def detect_format(path: PathLike) -> str:
     )
 
 
-def load_trace(path: PathLike, fmt: str | None = None, **options: Any) -> list[Request]:
+def load_trace(
+    path: PathLike, fmt: str | None = None, *, cache_dir: PathLike | None = None, **options: Any
+) -> list[Request]:
     """Load any supported trace as requests sorted by arrival.
 
     ``path`` may be a relative name under :func:`trace_dir`
     (``"mooncake/conversation_trace.jsonl"``) when it does not exist as given. ``fmt`` defaults
     to :func:`detect_format`; ``options`` go to the format's loader (e.g.
-    ``session_interval_s=``, ``seed=`` for ``claude_code``).
+    ``session_interval_s=``, ``seed=`` for ``claude_code``). With ``cache_dir``, a load whose
+    source files, format, options and readers match an earlier one is read from that
+    directory's binary cache instead of parsed (:mod:`skv.traces.parsed_cache`).
     """
     p = Path(path)
     if not p.exists():
@@ -176,6 +180,10 @@ def load_trace(path: PathLike, fmt: str | None = None, **options: Any) -> list[R
     except KeyError:
         raise ValueError(f"unknown trace format {name!r}; known: {', '.join(FORMATS)}") from None
     log.debug("loading %s as %s", p, name)
+    if cache_dir is not None:
+        from skv.traces.parsed_cache import cached_load
+
+        return cached_load(p, name, loader, options, Path(cache_dir))
     return loader(p, **options)
 
 

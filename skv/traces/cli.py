@@ -1,6 +1,6 @@
 """``skv traces info | convert``: inspect a trace, or write it as skv JSONL or oracleGeneral.
 
-:func:`add_trace_args` and :func:`load_compiled` are shared with ``skv replay``
+:func:`add_trace_args` and :func:`load_compiled_args` are shared with ``skv replay``
 (:mod:`skv.experiments.replay.cli`): every command that reads a trace takes the same options.
 """
 
@@ -43,14 +43,27 @@ def add_trace_args(p: argparse.ArgumentParser) -> None:
         help="salt each chain with the tenant id (vLLM cache_salt isolation)",
     )
     p.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
+    p.add_argument(
+        "--no-trace-cache",
+        dest="trace_cache",
+        action="store_false",
+        help="parse the trace even if the binary cache has it, and do not cache it "
+        "(cache: $SKV_TRACE_CACHE, 'off' disables; default ~/.cache/skv/traces)",
+    )
 
 
-def load_requests(trace: str | Path, fmt: str | None, limit: int | None) -> list[Request]:
-    """The trace's requests (the first ``limit``); exits when there are none."""
+def load_requests(
+    trace: str | Path, fmt: str | None, limit: int | None, *, cache: bool = True
+) -> list[Request]:
+    """The trace's requests (the first ``limit``); exits when there are none.
+
+    With ``cache``, through the binary cache of parsed traces (:mod:`skv.traces.parsed_cache`)
+    unless ``$SKV_TRACE_CACHE`` is ``off``."""
     from skv.traces import load_trace
+    from skv.traces.parsed_cache import default_cache_dir
 
     try:
-        requests = load_trace(trace, fmt)
+        requests = load_trace(trace, fmt, cache_dir=default_cache_dir() if cache else None)
     except KeyboardInterrupt as exc:
         exc.add_note(f"interrupted while reading {trace}; nothing finished, nothing written")
         raise
@@ -68,11 +81,13 @@ def load_compiled(
     block_size: int | None,
     mode: str,
     salt_by_tenant: bool,
+    *,
+    cache: bool = True,
 ) -> tuple[list[Request], list[RequestBlocks], int]:
     """Requests, their compiled block chains and the block size the chains use."""
     from skv.replay import compile_trace
 
-    requests = load_requests(trace, fmt, limit)
+    requests = load_requests(trace, fmt, limit, cache=cache)
     try:
         compiled = compile_trace(requests, block_size, mode, salt_by_tenant=salt_by_tenant)
     except KeyboardInterrupt as exc:
@@ -83,16 +98,22 @@ def load_compiled(
     return requests, compiled, compiled[0].block_size
 
 
-def _load_args(args: argparse.Namespace) -> tuple[list[Request], list[RequestBlocks], int]:
+def load_compiled_args(args: argparse.Namespace) -> tuple[list[Request], list[RequestBlocks], int]:
     return load_compiled(
-        args.trace, args.fmt, args.limit, args.block_size, args.mode, args.salt_by_tenant
+        args.trace,
+        args.fmt,
+        args.limit,
+        args.block_size,
+        args.mode,
+        args.salt_by_tenant,
+        cache=args.trace_cache,
     )
 
 
 def cmd_traces_info(args: argparse.Namespace) -> int:
     from skv.traces.info import format_info, trace_info
 
-    requests = load_requests(args.trace, args.fmt, args.limit)
+    requests = load_requests(args.trace, args.fmt, args.limit, cache=args.trace_cache)
     try:  # blocks are cut one request at a time: no compiled copy of the whole trace
         info = trace_info(requests, args.block_size, args.mode, salt_by_tenant=args.salt_by_tenant)
     except KeyboardInterrupt as exc:
@@ -103,7 +124,7 @@ def cmd_traces_info(args: argparse.Namespace) -> int:
 
 
 def cmd_traces_convert(args: argparse.Namespace) -> int:
-    requests, compiled, _ = _load_args(args)
+    requests, compiled, _ = load_compiled_args(args)
     out = Path(args.output)
     if args.to == "skv":
         from skv.traces.native import write_skv_trace

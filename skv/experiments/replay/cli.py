@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from skv.traces.cli import add_trace_args, load_compiled
+from skv.traces.cli import add_trace_args, load_compiled_args
 
 
 def add_timed_args(p: argparse.ArgumentParser) -> None:
@@ -161,9 +161,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_replay_cache_only(args: argparse.Namespace) -> int:
     from skv.replay import replay_trace, write_results
 
-    _, trace, block_size = load_compiled(
-        args.trace, args.fmt, args.limit, args.block_size, args.mode, args.salt_by_tenant
-    )
+    _, trace, block_size = load_compiled_args(args)
     rows = replay_trace(
         trace,
         args.policies,
@@ -203,9 +201,7 @@ def cmd_replay_curve(args: argparse.Namespace) -> int:
     from skv.mrc import capacity_curve, write_capacity_curve
     from skv.replay import resolve_capacities
 
-    _, trace, block_size = load_compiled(
-        args.trace, args.fmt, args.limit, args.block_size, args.mode, args.salt_by_tenant
-    )
+    _, trace, block_size = load_compiled_args(args)
     extra: list[int] = []
     if args.capacity:
         from skv.replay import trace_totals

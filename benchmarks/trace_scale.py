@@ -11,6 +11,11 @@ Then the binary cache of parsed traces (:mod:`skv.traces.parsed_cache`): one fre
 loads the trace and writes its cache entry, a second loads it from the entry; both report the
 load alone (issue 15's bar for the second load of 20x: <= 5 s), and the entry's size.
 
+With ``--replay``, one more fresh process replays the trace (``skv replay``, read through that
+cache entry) with lru, vllm and adaptive_semantic at 10% of its unique blocks: peak RSS and
+block accesses per second per policy (issue 15's bar for 20x: <= 2 GB, lru >= 3M/s). Online
+policies replay a :class:`skv.compact_trace.CompactTrace`.
+
 Each ``--scales`` value is built and measured in turn, smallest first; a scale whose projected
 peak RSS (bytes per block access of the previous scale times its accesses) would exceed
 ``--max-rss-gb`` (default 8) is projected instead of run, so a regression to per-access memory
@@ -23,8 +28,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
-import resource
 import shutil
 import subprocess
 import sys
@@ -51,9 +56,11 @@ def scale_up(src: Path, out: Path, copies: int) -> int:
 
 _LOAD = """
 import sys, time
-from skv.traces import load_trace
+import os
+os.environ["SKV_TRACE_CACHE"] = sys.argv[2]
+from skv.traces.cli import load_requests
 t0 = time.perf_counter()
-load_trace(sys.argv[1], "claude_code", cache_dir=sys.argv[2])
+load_requests(sys.argv[1], "claude_code", None)  # what every skv command does
 print(time.perf_counter() - t0)
 """
 
@@ -67,24 +74,57 @@ def measure_load(trace_dir: Path, cache: Path) -> float:
     return float(proc.stdout.split()[-1])
 
 
+REPLAY_POLICIES = ("lru", "vllm", "adaptive_semantic")
+
+#: runs ``skv ARGS`` and reports its own peak RSS, so each measurement is of one process
+_SKV = """
+import resource, sys
+from skv.cli import main
+try:
+    code = main(sys.argv[1:])
+finally:
+    print("PEAK_RSS_KB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def run_skv(argv: list[str], **env: str) -> tuple[subprocess.CompletedProcess, float, float]:
+    """``skv ARGV`` in a fresh process: the finished process, wall seconds, peak RSS in GB."""
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-c", _SKV, *argv], capture_output=True, text=True, check=True,
+        env={**os.environ, **env},
+    )  # fmt: skip
+    wall = time.perf_counter() - t0
+    peak_kb = int(re.search(r"PEAK_RSS_KB (\d+)", proc.stderr)[1])  # Linux: KiB
+    return proc, wall, peak_kb / 2**20
+
+
+def measure_replay(trace_dir: Path, cache: Path, out: Path) -> dict[str, float]:
+    """``skv replay`` in a fresh process: peak RSS and each policy's accesses per second."""
+    proc, _, peak_gb = run_skv(
+        ["replay", str(trace_dir), "--format", "claude_code", "--policies", *REPLAY_POLICIES,
+         "--capacity", "10%", "--quiet", "--output", str(out)],
+        SKV_TRACE_CACHE=str(cache),
+    )  # fmt: skip
+    rows = json.loads((out / "replay_results.json").read_text())["results"]
+    seconds = {m[1]: float(m[2]) for m in re.finditer(r"(\w+) @ \d+ blocks: .*\(([\d.]+)s\)",
+                                                      proc.stderr)}  # fmt: skip
+    result = {"peak_rss_gb": peak_gb}
+    for r in rows:
+        result[r["policy"]] = r["block_accesses"] / seconds[r["policy"]]
+    return result
+
+
 def measure_info(trace_dir: Path) -> dict[str, float | int]:
     """``skv traces info`` in a fresh process (trace cache off): wall seconds, peak RSS and the
     block accesses."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    t0 = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "skv.cli", "traces", "info", str(trace_dir), "--format",
-         "claude_code", "--no-trace-cache"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    wall = time.perf_counter() - t0
-    peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    if peak_kb <= before:
-        raise RuntimeError("could not read the child's peak RSS (an earlier child was larger)")
+    proc, wall, peak_gb = run_skv(
+        ["traces", "info", str(trace_dir), "--format", "claude_code", "--no-trace-cache"]
+    )
     accesses = int(re.search(r"block accesses\s+([\d,]+)", proc.stdout)[1].replace(",", ""))
     requests = int(re.search(r"requests\s+([\d,]+)", proc.stdout)[1].replace(",", ""))
-    return {"wall_s": wall, "peak_rss_gb": peak_kb / 2**20, "accesses": accesses,
-            "requests": requests}  # fmt: skip
+    return {"wall_s": wall, "peak_rss_gb": peak_gb, "accesses": accesses, "requests": requests}
 
 
 def main() -> None:
@@ -92,6 +132,7 @@ def main() -> None:
     ap.add_argument("--scales", type=int, nargs="+", default=[1, 2, 4, 20])
     ap.add_argument("--max-rss-gb", type=float, default=8.0)
     ap.add_argument("--out", type=Path, default=None, help="keep the scaled traces here")
+    ap.add_argument("--replay", action="store_true", help="also measure skv replay (slower)")
     args = ap.parse_args()
     src = find_trace("weka_cc")
     root = args.out or Path(tempfile.mkdtemp(prefix="skv-scale-"))
@@ -121,6 +162,10 @@ def main() -> None:
             print(f"  {scale:>5} {m['requests']:>9,} {m['accesses']:>12,} {m['wall_s']:>8.1f} "
                   f"{m['peak_rss_gb']:>7.2f} GB {per_access:>9.0f} {first:>12.1f} {second:>8.1f} "
                   f"{entry_mb:>5.0f} MB")  # fmt: skip
+            if args.replay:
+                r = measure_replay(d, cache, root / f"replay-x{scale}")
+                rates = ", ".join(f"{p} {r[p] / 1e6:.2f}M/s" for p in REPLAY_POLICIES)
+                print(f"        replay: peak RSS {r['peak_rss_gb']:.2f} GB; accesses/s: {rates}")
             if args.out is None:
                 shutil.rmtree(d)
                 shutil.rmtree(cache)

@@ -16,7 +16,7 @@ Keys are Python ints from tuple hashes of ints, which CPython computes determini
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from enum import StrEnum
 
 import cython
@@ -187,9 +187,21 @@ def compile_trace(
 
     ``block_size=None`` takes a hash-id trace's own block size, else ``DEFAULT_BLOCK_SIZE``.
     """
+    return list(iter_blocks(requests, block_size, mode, salt_by_tenant=salt_by_tenant))
+
+
+def iter_blocks(
+    requests: Iterable[Request],
+    block_size: int | None = None,
+    mode: KeyingMode | str = KeyingMode.PREFIX,
+    *,
+    salt_by_tenant: bool = False,
+) -> Iterator[RequestBlocks]:
+    """:func:`compile_trace` one request at a time (a consumer that keeps less than every
+    request's lists, such as ``skv.compact_trace.CompactTrace``, stays small)."""
     chains: dict = {}
-    return [
-        request_blocks(
+    for i, r in enumerate(requests):
+        yield request_blocks(
             r,
             resolve_block_size(block_size, r),
             mode,
@@ -197,8 +209,6 @@ def compile_trace(
             salt_by_tenant=salt_by_tenant,
             chains=chains,
         )
-        for i, r in enumerate(requests)
-    ]
 
 
 def tally_blocks(

@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from skv.blocks import RequestBlocks, annotate_next_use, tally_blocks
 from skv.blocks import compile_trace as compile_trace  # re-exported: the usual import site
+from skv.compact_trace import CompactTrace
 from skv.fileio import atomic_dir, atomic_write
 from skv.model import NUM_TYPES, TYPES
 from skv.policies.registry import OFFLINE, make_cache, policy_class
@@ -80,7 +81,13 @@ def replay_one(
     """Replay ``trace`` through one policy at one capacity; returns one result row."""
     totals = totals or trace_totals(trace)
     cache = make_cache(policy, capacity_blocks, params)
+    compact = isinstance(trace, CompactTrace)
     if policy in OFFLINE:
+        if compact:
+            raise ValueError(
+                f"{policy} is offline: it needs next-use annotations on every access, which a "
+                "CompactTrace does not keep; replay it on compile_trace's list"
+            )
         if trace and trace[0].next_use is None:
             annotate_next_use(trace)
         cache.prepare(trace)
@@ -101,12 +108,16 @@ def replay_one(
     ):
         for start in range(0, len(trace), chunk):
             stop = min(start + chunk, len(trace))
-            cache.replay(trace, start, stop)
+            if compact:  # rebuilt a part at a time: memory is one part, not the trace
+                for part in trace.parts(start, stop):
+                    cache.replay(part, 0, len(part))
+            else:
+                cache.replay(trace, start, stop)
             bar.update(stop - start)
             if metrics_every and policy_obj is not None:
                 m = policy_obj.metrics()
                 if m:
-                    series.append({"request": stop, "time_s": trace[stop - 1].arrival_s, **m})
+                    series.append({"request": stop, "time_s": _arrival(trace, stop - 1), **m})
     elapsed = time.perf_counter() - t0
     s = cache.stats
     row: dict[str, Any] = {
@@ -145,6 +156,12 @@ def replay_one(
         elapsed,
     )
     return row
+
+
+def _arrival(trace: Sequence[RequestBlocks], i: int) -> float:
+    if isinstance(trace, CompactTrace):
+        return trace.arrival_s(i)
+    return trace[i].arrival_s
 
 
 def _by_type(values: list[int]) -> dict[str, int]:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from skv.cli import main
+from skv.traces import load_trace
 
 DATA = Path(__file__).parent / "data"
 MOONCAKE = DATA / "mooncake_tiny.jsonl"
@@ -268,5 +269,7 @@ def test_traces_info_runs_from_the_traces_module(capsys):
     assert args.func is traces_cli.cmd_traces_info
     assert args.func(args) == 0
     assert re.search(r"^requests +3$", capsys.readouterr().out, re.M)
-    requests, chains, bs = traces_cli.load_compiled(MOONCAKE, None, 3, None, "prefix", False)
-    assert len(requests) == len(chains) == 3 and bs == requests[0].hash_block_size
+    chains, bs = traces_cli.load_compiled(MOONCAKE, None, 3, None, "prefix", False)
+    assert len(chains) == 3 and bs == load_trace(MOONCAKE)[0].hash_block_size
+    compact, bs2 = traces_cli.load_compiled(MOONCAKE, None, 3, None, "prefix", False, compact=True)
+    assert list(compact) == chains and bs2 == bs

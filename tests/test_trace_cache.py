@@ -291,3 +291,31 @@ def test_real_traces_read_back_equal(name, options, tmp_path):
     assert load_trace(root / name, cache_dir=tmp_path, **options) == parsed
     assert load_trace(root / name, cache_dir=tmp_path, **options) == parsed
     assert len(list(tmp_path.glob("*.npz"))) == 1
+
+
+def test_a_loaded_trace_is_frozen_out_of_the_collector(tmp_path):
+    """The CLI loads under ``long_lived``: no collection runs while the trace is built, its
+    objects end in the permanent generation, and the collector comes back on as it was."""
+    import gc
+
+    from skv.runtime import long_lived
+    from skv.traces.cli import load_requests
+
+    path = _trace(tmp_path)
+    gc.unfreeze()
+    before = gc.get_freeze_count()
+    collections = []
+    gc.callbacks.append(lambda phase, info: collections.append(phase))
+    try:
+        assert gc.isenabled()
+        requests = load_requests(path, None, None, cache=False)
+        assert collections == [] and gc.isenabled()
+        assert gc.get_freeze_count() >= before + len(requests)
+        gc.disable()
+        with long_lived():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.callbacks.pop()
+        gc.enable()
+        gc.unfreeze()

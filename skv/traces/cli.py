@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 from skv.blocks import RequestBlocks
@@ -59,11 +60,13 @@ def load_requests(
 
     With ``cache``, through the binary cache of parsed traces (:mod:`skv.traces.parsed_cache`)
     unless ``$SKV_TRACE_CACHE`` is ``off``."""
+    from skv.runtime import long_lived
     from skv.traces import load_trace
     from skv.traces.parsed_cache import default_cache_dir
 
     try:
-        requests = load_trace(trace, fmt, cache_dir=default_cache_dir() if cache else None)
+        with long_lived():  # the command's trace: not re-walked by every later collection
+            requests = load_trace(trace, fmt, cache_dir=default_cache_dir() if cache else None)
     except KeyboardInterrupt as exc:
         exc.add_note(f"interrupted while reading {trace}; nothing finished, nothing written")
         raise
@@ -83,22 +86,31 @@ def load_compiled(
     salt_by_tenant: bool,
     *,
     cache: bool = True,
-) -> tuple[list[Request], list[RequestBlocks], int]:
-    """Requests, their compiled block chains and the block size the chains use."""
-    from skv.replay import compile_trace
+    compact: bool = False,
+) -> tuple[Sequence[RequestBlocks], int]:
+    """The trace's compiled block chains and the block size they use; the parsed requests are
+    dropped once compiled. ``compact``: a :class:`~skv.compact_trace.CompactTrace` (memory per
+    unique block, rebuilt a part at a time; online policies only) instead of a list."""
+    from skv.blocks import iter_blocks
+    from skv.compact_trace import CompactTrace
 
     requests = load_requests(trace, fmt, limit, cache=cache)
     try:
-        compiled = compile_trace(requests, block_size, mode, salt_by_tenant=salt_by_tenant)
+        blocks = iter_blocks(requests, block_size, mode, salt_by_tenant=salt_by_tenant)
+        compiled = CompactTrace(blocks) if compact else list(blocks)
     except KeyboardInterrupt as exc:
         exc.add_note(
             f"interrupted while cutting {trace} into blocks; nothing finished, nothing written"
         )
         raise
-    return requests, compiled, compiled[0].block_size
+    del requests
+    return compiled, compiled[0].block_size
 
 
-def load_compiled_args(args: argparse.Namespace) -> tuple[list[Request], list[RequestBlocks], int]:
+def load_compiled_args(
+    args: argparse.Namespace, *, compact: bool = False
+) -> tuple[Sequence[RequestBlocks], int]:
+    """:func:`load_compiled` with the options of :func:`add_trace_args`."""
     return load_compiled(
         args.trace,
         args.fmt,
@@ -107,6 +119,7 @@ def load_compiled_args(args: argparse.Namespace) -> tuple[list[Request], list[Re
         args.mode,
         args.salt_by_tenant,
         cache=args.trace_cache,
+        compact=compact,
     )
 
 
@@ -124,15 +137,16 @@ def cmd_traces_info(args: argparse.Namespace) -> int:
 
 
 def cmd_traces_convert(args: argparse.Namespace) -> int:
-    requests, compiled, _ = load_compiled_args(args)
     out = Path(args.output)
     if args.to == "skv":
         from skv.traces.native import write_skv_trace
 
+        requests = load_requests(args.trace, args.fmt, args.limit, cache=args.trace_cache)
         write_skv_trace(out, requests, {"source": str(args.trace)})
     else:
         from skv.traces.oracle_general import write_oracle_general
 
+        compiled, _ = load_compiled_args(args)
         write_oracle_general(out, compiled)
     log.info("wrote %s", out)
     return 0

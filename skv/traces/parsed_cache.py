@@ -47,6 +47,7 @@ import numpy as np
 
 from skv.blocks import common_prefix_len
 from skv.model import TYPES, Request, Segment
+from skv.runtime import no_cyclic_gc
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,8 @@ def cached_load(
     entry = directory / f"{key}.npz"
     if entry.is_file():
         try:
-            requests = read_entry(entry)
+            with no_cyclic_gc():  # millions of new objects: each collection would walk them all
+                requests = read_entry(entry)
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:  # a miss
             log.warning("ignoring unreadable trace cache entry %s: %s", entry, exc)
         else:

@@ -159,9 +159,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_replay_cache_only(args: argparse.Namespace) -> int:
+    from skv.policies.registry import OFFLINE
     from skv.replay import replay_trace, write_results
 
-    _, trace, block_size = load_compiled_args(args)
+    # online policies replay a CompactTrace (memory per unique block); offline ones (belady)
+    # annotate every access, so they get the whole list
+    online = not any(p in OFFLINE for p in args.policies)
+    trace, block_size = load_compiled_args(args, compact=online)
     rows = replay_trace(
         trace,
         args.policies,
@@ -201,7 +205,7 @@ def cmd_replay_curve(args: argparse.Namespace) -> int:
     from skv.mrc import capacity_curve, write_capacity_curve
     from skv.replay import resolve_capacities
 
-    _, trace, block_size = load_compiled_args(args)
+    trace, block_size = load_compiled_args(args)
     extra: list[int] = []
     if args.capacity:
         from skv.replay import trace_totals

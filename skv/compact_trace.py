@@ -1,0 +1,254 @@
+"""A compiled trace in O(unique blocks + requests) memory, rebuilt a chunk at a time for replay.
+
+``compile_trace`` gives every request five per-block lists (keys, parents, tokens, types,
+segment sizes): about 70 bytes per block access, 8 GB for the 20x Claude Code scale-up (112.8M
+accesses), although a turn repeats ~95% of its session's previous prompt. A
+:class:`CompactTrace` stores what is new instead:
+
+- **keys**: each request names its predecessor (the previous request of the same session, in
+  trace order), how many leading keys it shares with it, and its new keys (one flat ``uint64``
+  array); so keys cost one slot per block *first seen in its session*, not per access;
+- **parents**: a block's parent is the key before it except where a chain starts (block 0, and
+  in segment keying each reusable segment): only those positions are stored;
+- **tokens, types, segment sizes**: run-length encoded (a handful of runs per request: one per
+  segment, plus a short last block).
+
+Everything else (arrival, session, turn, ...) is one array entry per request. Encoding checks
+the parents claim for every request and refuses one it does not hold for (every keying of
+:mod:`skv.blocks` satisfies it); the other encodings are lossless for any input. A test compares
+every rebuilt request with ``compile_trace``'s on synthetic and real traces, in both keyings.
+
+Reading is sequential: iterating, or slicing ``trace[a:b]`` with ``a`` where the last slice
+ended, rebuilds requests from their predecessors, keeping one key list alive per session (a
+turn's shared prefix is copied from its predecessor's list: its ``int`` objects are shared).
+Any other index rebuilds from the session's first request. Replay asks for one chunk at a time
+(:func:`skv.replay.replay_one`), so memory is the store, one list per live session and one
+chunk. Offline policies (``belady``) need next-use annotations on every access, which a
+transient chunk cannot keep: they need the full ``compile_trace`` list.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
+from typing import overload
+
+import numpy as np
+
+from skv.blocks import RequestBlocks, common_prefix_len
+
+_NONE = -1
+#: block accesses per part a replay rebuilds at once (~40 bytes each: five list slots)
+PART_ACCESSES = 1 << 20
+
+
+class CompactTrace(Sequence[RequestBlocks]):
+    """An immutable, sequence-like compiled trace; see the module docstring."""
+
+    def __init__(self, blocks: Iterable[RequestBlocks]) -> None:
+        index, arrival, turn, templated, block_size, prompt = (
+            array("q"), array("d"), array("q"), array("b"), array("q"), array("q"))  # fmt: skip
+        self._sessions: list[str | None] = []
+        pred, shared, n_keys = array("q"), array("q"), array("q")
+        new_keys = array("Q")
+        starts, n_starts = array("q"), array("q")
+        runs: dict[str, tuple[array, array, array]] = {
+            f: (array("q"), array("q"), array("q")) for f in ("tokens", "stypes", "seg_tokens")
+        }
+        last: dict[str | None, tuple[int, list]] = {}
+        for rb in blocks:
+            if rb.next_use is not None:
+                raise ValueError("CompactTrace drops next_use; offline policies need a list")
+            i = len(index)
+            index.append(rb.index)
+            arrival.append(rb.arrival_s)
+            self._sessions.append(rb.session)
+            turn.append(rb.turn)
+            templated.append(rb.templated)
+            block_size.append(rb.block_size)
+            prompt.append(rb.prompt_tokens)
+            keys = rb.keys
+            p, prev = last.get(rb.session, (_NONE, None))
+            same = common_prefix_len(prev, keys) if prev is not None else 0
+            last[rb.session] = (i, keys)
+            pred.append(p)
+            shared.append(same)
+            n_keys.append(len(keys))
+            new_keys.extend(keys[same:])
+            chain_starts = [j for j, parent in enumerate(rb.parents) if parent is None]
+            if _parents_of(keys, chain_starts) != rb.parents:
+                raise ValueError(f"request {rb.index}: a parent that is not the previous key")
+            starts.extend(chain_starts)
+            n_starts.append(len(chain_starts))
+            for f, (vals, lens, count) in runs.items():
+                count.append(_encode_runs(getattr(rb, f), vals, lens))
+        self._index = _np(index)
+        self._arrival = _np(arrival)
+        self._turn = _np(turn)
+        self._templated = _np(templated).astype(bool)
+        self._block_size = _np(block_size)
+        self._prompt = _np(prompt)
+        self._pred = _np(pred)
+        self._shared = _np(shared)
+        self._n_keys = _np(n_keys)
+        self._new_keys = _np(new_keys)
+        self._new_at = _offsets(self._n_keys - self._shared)
+        self._access_at = _offsets(self._n_keys)
+        self._starts = _np(starts)
+        self._starts_at = _offsets(_np(n_starts))
+        self._runs = {
+            f: (_np(vals), _np(lens), _offsets(_np(count)))
+            for f, (vals, lens, count) in runs.items()
+        }
+        self._live: dict[int, list] = {}  # the key lists a later request copies its prefix from
+        self._cursor = 0
+
+    def __len__(self) -> int:
+        return len(self._pred)
+
+    @property
+    def block_accesses(self) -> int:
+        return int(self._access_at[-1])
+
+    @property
+    def stored_keys(self) -> int:
+        """Keys the store holds: each session's new keys, not every access."""
+        return len(self._new_keys)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the store's arrays (the sessions' names come on top)."""
+        arrays = [v for v in vars(self).values() if isinstance(v, np.ndarray)]
+        arrays += [a for r in self._runs.values() for a in r]
+        return sum(a.nbytes for a in arrays)
+
+    @overload
+    def __getitem__(self, i: int) -> RequestBlocks: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[RequestBlocks]: ...
+    def __getitem__(self, i):
+        n = len(self)
+        if isinstance(i, slice):
+            start, stop, step = i.indices(n)
+            if step != 1:
+                return [self[j] for j in range(start, stop, step)]
+            return self._read(start, stop)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"request {i} of {n}")
+        if i == self._cursor:
+            return self._read(i, i + 1)[0]
+        return self._alone(i)
+
+    def __iter__(self) -> Iterator[RequestBlocks]:
+        for part in self.parts(0, len(self)):
+            yield from part
+
+    def parts(
+        self, start: int, stop: int, max_accesses: int = PART_ACCESSES
+    ) -> Iterator[list[RequestBlocks]]:
+        """Requests ``start..stop-1`` rebuilt in consecutive lists of at most ``max_accesses``
+        block accesses each (at least one request), so a caller holds one part at a time."""
+        ends = np.searchsorted(self._access_at, self._access_at[start:stop] + max_accesses, "right")
+        i = start
+        while i < stop:
+            j = min(stop, max(i + 1, int(ends[i - start]) - 1))
+            yield self._read(i, j)
+            i = j
+
+    def arrival_s(self, i: int) -> float:
+        """Request ``i``'s arrival time, without rebuilding it."""
+        return float(self._arrival[i])
+
+    def _read(self, start: int, stop: int) -> list[RequestBlocks]:
+        """Requests ``start..stop-1``, continuing from the cursor (else replaying keys from 0)."""
+        if start != self._cursor:
+            self._live = {}
+            self._cursor = 0
+            self._keys_upto(start)
+        out = [self._build(i, self._next_keys(i)) for i in range(start, stop)]
+        self._cursor = stop
+        return out
+
+    def _keys_upto(self, stop: int) -> None:
+        for i in range(self._cursor, stop):
+            self._next_keys(i)
+        self._cursor = stop
+
+    def _next_keys(self, i: int) -> list:
+        p = int(self._pred[i])
+        a, b = self._new_at[i], self._new_at[i + 1]
+        if p == _NONE:
+            keys = self._new_keys[a:b].tolist()
+        else:
+            keys = self._live.pop(p)[: self._shared[i]]
+            keys += self._new_keys[a:b].tolist()
+        self._live[i] = keys
+        return keys
+
+    def _alone(self, i: int) -> RequestBlocks:
+        """Request ``i`` out of order: its session's chain rebuilt from the first request."""
+        chain = [i]
+        while (p := int(self._pred[chain[-1]])) != _NONE:
+            chain.append(p)
+        keys: list = []
+        for j in reversed(chain):
+            new = self._new_keys[self._new_at[j] : self._new_at[j + 1]].tolist()
+            keys = keys[: self._shared[j]] + new
+        return self._build(i, keys)
+
+    def _build(self, i: int, keys: list) -> RequestBlocks:
+        s = self._starts[self._starts_at[i] : self._starts_at[i + 1]].tolist()
+        return RequestBlocks(
+            index=int(self._index[i]),
+            arrival_s=float(self._arrival[i]),
+            keys=keys,
+            parents=_parents_of(keys, s),
+            tokens=self._decode("tokens", i),
+            stypes=self._decode("stypes", i),
+            seg_tokens=self._decode("seg_tokens", i),
+            session=self._sessions[i],
+            turn=int(self._turn[i]),
+            templated=bool(self._templated[i]),
+            block_size=int(self._block_size[i]),
+            prompt_tokens=int(self._prompt[i]),
+        )
+
+    def _decode(self, field: str, i: int) -> list:
+        vals, lens, at = self._runs[field]
+        a, b = at[i], at[i + 1]
+        out: list = []
+        for v, k in zip(vals[a:b].tolist(), lens[a:b].tolist(), strict=True):
+            out += [v] * k
+        return out
+
+
+def _parents_of(keys: list, chain_starts: list[int]) -> list:
+    parents: list = [None, *keys[:-1]] if keys else []
+    for j in chain_starts:
+        parents[j] = None
+    return parents
+
+
+def _encode_runs(values: list, vals: array, lens: array) -> int:
+    """Append ``values`` as (value, length) runs; returns the number of runs."""
+    n = len(values)
+    if not n:
+        return 0
+    a = np.asarray(values, dtype=np.int64)
+    edges = np.flatnonzero(a[1:] != a[:-1]) + 1
+    bounds = np.concatenate(([0], edges, [n]))
+    vals.extend(a[bounds[:-1]].tolist())
+    lens.extend(np.diff(bounds).tolist())
+    return len(bounds) - 1
+
+
+def _np(a: array) -> np.ndarray:
+    return np.frombuffer(a, dtype=a.typecode) if len(a) else np.zeros(0, a.typecode)
+
+
+def _offsets(counts: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=out[1:])
+    return out

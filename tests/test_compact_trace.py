@@ -1,0 +1,193 @@
+"""CompactTrace (skv.compact_trace, issue 15): a compiled trace stored per unique block and
+rebuilt a part at a time must be indistinguishable from ``compile_trace``'s list, request by
+request (RequestBlocks equality: keys, parents, tokens, types, segment sizes and every scalar)
+and replay by replay (every result field), while holding each session's repeated prefix once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+from helpers import seg
+
+from skv.blocks import RequestBlocks, compile_trace, iter_blocks
+from skv.compact_trace import CompactTrace
+from skv.model import Request, Segment, SemanticType
+from skv.policies.registry import OFFLINE, POLICIES
+from skv.replay import replay_one, trace_totals
+from skv.traces import load_trace, trace_dir
+
+T = SemanticType
+
+
+def _hash_id_sessions(seed: int = 7, sessions: int = 5, turns: int = 14) -> list[Request]:
+    """Sessions whose turns extend, or (1 in 4) rewrite from a random block on, the previous
+    prompt; some share a system prefix across sessions; three tenants; one session-less
+    request stream; interleaved by arrival."""
+    rng = random.Random(seed)
+    out = []
+    for s in range(sessions):
+        ids: list[int] = [1, 2, 3] if s % 2 else []
+        for t in range(turns):
+            if len(ids) > 1 and rng.random() < 0.25:
+                ids = ids[: rng.randrange(1, len(ids))]
+            ids = ids + [rng.randrange(10**6) for _ in range(rng.randint(0, 6))]
+            n = 4 * len(ids) + rng.randint(0, 3) or 1
+            cut = rng.randint(0, n)
+            segs = [seg(T.SYSTEM, cut, "sys"), seg(T.TOOL_OUTPUT, n - cut, f"d{s}-{t}")]
+            out.append(
+                Request(f"s{s}:{t}", t + s / 10, segs, hash_ids=list(ids), hash_block_size=4,
+                        session_id=f"s{s}" if s else None, tenant_id=f"t{s % 3}", turn=t,
+                        templated=bool(s % 2))
+            )  # fmt: skip
+    return sorted(out, key=lambda r: r.arrival_s)
+
+
+def _content_keyed(seed: int = 3, n: int = 40) -> list[Request]:
+    """Content-keyed requests: shared documents at different offsets (segment keying restarts
+    chains inside a request), partial last blocks, an empty prompt."""
+    rng = random.Random(seed)
+    out = [Request("empty", 0.0, [Segment(T.USER_QUERY, 0, "e")], session_id="a")]
+    for i in range(n):
+        segs = [seg(T.SYSTEM, rng.choice([16, 20, 33]), f"sys{rng.randint(0, 1)}")]
+        for _ in range(rng.randint(0, 3)):
+            segs.append(seg(T.RETRIEVED_CONTEXT, rng.randint(1, 50), f"doc{rng.randint(0, 4)}"))
+        segs.append(seg(T.USER_QUERY, rng.randint(1, 9), f"q{i}"))
+        out.append(Request(f"r{i}", 1.0 + i, segs, session_id=f"u{i % 3}", turn=i // 3))
+    return out
+
+
+CASES = [
+    ("hash ids, prefix", _hash_id_sessions, "prefix", False),
+    ("hash ids, prefix, salted", _hash_id_sessions, "prefix", True),
+    ("hash ids, segment", _hash_id_sessions, "segment", False),
+    ("content, prefix", _content_keyed, "prefix", False),
+    ("content, segment", _content_keyed, "segment", True),
+]
+
+
+def _both(make, mode, salt, block_size=None):
+    requests = make()
+    full = compile_trace(requests, block_size, mode, salt_by_tenant=salt)
+    ct = CompactTrace(iter_blocks(requests, block_size, mode, salt_by_tenant=salt))
+    return full, ct
+
+
+@pytest.mark.parametrize(("name", "make", "mode", "salt"), CASES, ids=[c[0] for c in CASES])
+def test_every_rebuilt_request_equals_the_compiled_one(name, make, mode, salt):
+    full, ct = _both(make, mode, salt)
+    assert len(ct) == len(full) and ct.block_accesses == sum(len(rb.keys) for rb in full)
+    assert list(ct) == full
+    assert ct[:] == full and ct[3:17] == full[3:17] and ct[17:40] == full[17:40]
+    assert ct[::3] == full[::3]
+    order = list(range(len(full)))
+    random.Random(1).shuffle(order)
+    for i in order[:25]:  # out of order: rebuilt from the session's first request
+        assert ct[i] == full[i]
+    assert ct[-1] == full[-1]
+    with pytest.raises(IndexError):
+        ct[len(full)]
+    assert [ct.arrival_s(i) for i in range(len(ct))] == [rb.arrival_s for rb in full]
+
+
+@pytest.mark.parametrize("budget", [1, 7, 50, 10**9])
+def test_parts_cover_the_range_within_the_access_budget(budget):
+    full, ct = _both(_hash_id_sessions, "prefix", False)
+    parts = list(ct.parts(5, 60, max_accesses=budget))
+    assert [rb for part in parts for rb in part] == full[5:60]
+    for part in parts:
+        assert len(part) == 1 or sum(len(rb.keys) for rb in part) <= budget
+    if budget == 10**9:
+        assert len(parts) == 1
+
+
+def test_a_sessions_repeated_prefix_is_stored_once():
+    """Ten turns, each extending the last by ten blocks: 550 block accesses, 100 keys stored."""
+    ids = list(range(1000, 1100))
+    requests = [
+        Request(f"r{t}", float(t), [seg(T.USER_QUERY, 40 * (t + 1), "q")], session_id="s",
+                hash_ids=ids[: 10 * (t + 1)], hash_block_size=4)
+        for t in range(10)
+    ]  # fmt: skip
+    ct = CompactTrace(iter_blocks(requests))
+    assert ct.block_accesses == 550 and ct.stored_keys == 100
+    assert list(ct) == compile_trace(requests)
+    rebuilt = list(ct)
+    for prev, cur in itertools.pairwise(rebuilt):  # the prefix shares int objects
+        assert all(a is b for a, b in zip(prev.keys, cur.keys, strict=False))
+
+
+def test_what_compact_cannot_hold_is_refused():
+    rb = compile_trace(_hash_id_sessions()[:1])[0]
+    odd = RequestBlocks(0, 0.0, [5, 6], [None, 7], [4, 4], [0, 0], [8, 8], None, 0, False, 4)
+    with pytest.raises(ValueError, match="not the previous key"):
+        CompactTrace([odd])
+    rb.next_use = [1] * len(rb.keys)
+    with pytest.raises(ValueError, match="next_use"):
+        CompactTrace([rb])
+
+
+ONLINE = sorted(p for p in POLICIES if p not in OFFLINE)
+
+
+@pytest.mark.parametrize("policy", ONLINE)
+def test_replaying_a_compact_trace_gives_every_result_of_the_list(policy):
+    """Capacity a third of the unique blocks (evictions happen), parts of 40 accesses (many
+    boundaries), the metrics series sampled every 9 requests."""
+    full, ct = _both(_hash_id_sessions, "prefix", False)
+    totals = trace_totals(full)
+    assert trace_totals(ct) == totals
+    cap = max(4, totals.unique_blocks // 3)
+    ref = replay_one(full, policy, cap, totals=totals, metrics_every=9, progress=False)
+    import skv.compact_trace as compact_module
+
+    old = compact_module.PART_ACCESSES
+    compact_module.PART_ACCESSES = 40
+    try:
+        ct2 = CompactTrace(iter(full))
+        got = replay_one(ct2, policy, cap, totals=totals, metrics_every=9, progress=False)
+    finally:
+        compact_module.PART_ACCESSES = old
+    ref.pop("replay_seconds"), got.pop("replay_seconds")
+    assert ref["evictions"] > 0
+    assert got == ref
+
+
+def test_an_offline_policy_asks_for_the_list():
+    _, ct = _both(_hash_id_sessions, "prefix", False)
+    with pytest.raises(ValueError, match="offline"):
+        replay_one(ct, sorted(OFFLINE)[0], 10, progress=False)
+
+
+def test_the_replay_cli_gives_the_same_rows_either_way(tmp_path, capsys):
+    """``skv replay`` compacts when every policy is online, not when belady is asked for: the
+    lru rows of both runs are equal."""
+    import json
+
+    from skv.cli import main
+
+    trace = "examples/traces/rag_serving_trace.jsonl"
+    for out, pols in (("a", ["lru", "vllm"]), ("b", ["lru", "vllm", "belady"])):
+        assert main(["replay", trace, "--policies", *pols, "--capacity", "10%", "25%",
+                     "--output", str(tmp_path / out), "--quiet"]) == 0  # fmt: skip
+    a = json.loads((tmp_path / "a" / "replay_results.json").read_text())["results"]
+    b = json.loads((tmp_path / "b" / "replay_results.json").read_text())["results"]
+    assert a == [r for r in b if r["policy"] != "belady"] and len(a) == 4
+
+
+REAL = ["weka_cc", "mooncake/conversation_trace.jsonl"]
+
+
+@pytest.mark.parametrize("name", REAL)
+@pytest.mark.parametrize("mode", ["prefix", "segment"])
+def test_real_traces_rebuild_exactly(name, mode):
+    root = trace_dir()
+    if root is None or not (root / name).exists():
+        pytest.skip(f"real trace {name} not present (see skv.traces.trace_dir)")
+    requests = load_trace(root / name)
+    full = compile_trace(requests, None, mode)
+    ct = CompactTrace(iter_blocks(requests, None, mode))
+    assert list(ct) == full
+    assert ct.stored_keys < ct.block_accesses / 10 or name.startswith("mooncake")

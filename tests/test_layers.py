@@ -47,6 +47,7 @@ LAYERS: dict[str, int] = {
     "skv._build": 0,
     "skv.model": 0,
     "skv.blocks": 0,
+    "skv.compact_trace": 0,
     "skv.segmenter": 0,
     "skv.tokenize": 0,
     "skv.sizing": 0,

@@ -14,7 +14,7 @@ import pytest
 
 from skv.blocks import request_blocks
 from skv.model import Request, Segment, SemanticType, content_hash
-from skv.routing import FixedView, make_router
+from skv.routing import LOCALITY, FixedView, make_router
 from skv.routing.cacheroute import CacheRoute
 from skv.routing.consistent_hashing import ConsistentHashing
 from skv.routing.keys import mix64, prefix_key
@@ -352,3 +352,75 @@ def test_cacheroute_builds_the_plan_once_per_period_end():
     assert math.isclose(cr.total_rate, 1.0) and cr.rates[n] == 0.45
     assert cr.plan == {k0: (0,), k1: (1,), n: (0,)}
     assert cr.planned == pytest.approx([0.7, 0.25])
+
+
+# ------------------------------------------------------------------------------- batch matches
+
+
+class _Batch(list):
+    """Views that answer for all replicas in one pass (``match_all``, like the simulator's
+    ApproximateCluster): it records what it was asked; asking a view alone is an error."""
+
+    def __init__(self, hits: list[float]) -> None:
+        super().__init__(FixedView(0, 0, self._one) for _ in hits)
+        self.hits, self.asked = hits, []
+
+    def _one(self, _rb):
+        raise AssertionError("a view with match_all was asked one replica at a time")
+
+    def match_all(self, rb):
+        self.asked.append(rb)
+        return list(self.hits)
+
+
+def test_cache_aware_routers_ask_a_batch_view_once_with_the_request():
+    """base.matches: views with ``match_all`` are asked once, with the request. Replica 1
+    holds all 8 blocks of RB, replica 0 none, both idle: every cache-aware router (the
+    locality ones, sglang: ratio 1.0 > 0.3, dynamo: 0 + 8 < 8 + 8) puts replica 1 first."""
+    for name in (*LOCALITY, "sglang_cache_aware", "dynamo_cost"):
+        views = _Batch([0.0, FULL])
+        assert make_router(name).rank(RB, views).order == [1, 0], name
+        assert len(views.asked) == 1 and views.asked[0] is RB, name
+
+
+# ------------------------------------------------------------------------------- ties
+
+
+def _rviews(*rows: tuple[int, int, float]) -> list[FixedView]:
+    """One view per (load, routed, matched blocks)."""
+    return [FixedView(load, routed, lambda _rb, m=m: m) for load, routed, m in rows]
+
+
+def test_sglang_equal_matches_go_to_the_least_loaded_then_the_least_routed():
+    """Replicas 0-2 hold all of RB (ratio 1.0), replica 3 none; loads (2, 2, 1, 0) are
+    balanced (max - min = 2 <= 64). Order by (-ratio, load, routed, index): replica 2 (load
+    1), then 1 (load 2, routed 0) before 0 (load 2, routed 5), then 3."""
+    views = _rviews((2, 5, FULL), (2, 0, FULL), (1, 9, FULL), (0, 0, 0.0))
+    r = make_router("sglang_cache_aware").rank(RB, views)
+    assert (r.order, r.scores) == ([2, 1, 0, 3], [1.0, 1.0, 1.0, 0.0])
+
+
+def test_sglang_imbalanced_reads_the_loads_of_the_views():
+    """Default thresholds: loads (100, 35): 65 > 64 and 100 > 52.5: imbalanced; (100, 36):
+    64 > 64 is false: balanced."""
+    sg = make_router("sglang_cache_aware")
+    assert sg.imbalanced(_loads(100, 35)) is True
+    assert sg.imbalanced(_loads(100, 36)) is False
+
+
+def test_dynamo_cost_ties_go_to_the_least_loaded_before_the_least_routed():
+    """b = 1, RB 128 tokens = 8 blocks: replica 0 (load 1, 1 block matched, routed 0):
+    (128 - 16) / 16 + 1 + 8 = 16; replica 1 (load 0, no match, routed 4): 128 / 16 + 0 + 8 =
+    16. Equal costs: the less loaded, replica 1, first, though it was routed more."""
+    r = make_router("dynamo_cost", blocks_per_request=1).rank(RB, _rviews((1, 0, 1.0), (0, 4, 0.0)))
+    assert (r.order, r.scores) == ([1, 0], [16.0, 16.0])
+
+
+# ------------------------------------------------------------------------------- semantic
+
+
+def test_semantic_locality_scores_of_no_replicas_are_empty():
+    """``scores`` is one score per replica's hits: none given, none returned (as the base
+    LocalityRouter's ``scores``, which returns the hits)."""
+    assert make_router("semantic_locality").scores(RB, []) == []
+    assert make_router("prefix_locality").scores(RB, []) == []

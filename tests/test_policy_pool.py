@@ -233,3 +233,42 @@ def test_ghost_hits_count_only_a_keys_last_copy():
     for b in order.blocks.values():
         held[b.key] = held.get(b.key, 0) + 1
     assert held == order._holders
+
+
+@pytest.mark.parametrize("pool_kind", ["plugin", "radix"])
+def test_growing_a_request_by_its_answer_is_an_extend_not_a_request(pool_kind):
+    """A policy is told about a request once (``on_request``); the simulator caching its
+    answer is ``on_extend`` for the same request, before the answer's inserts. (saecache
+    learns one sample per request: an answer taken for a request was a false sample.)"""
+    from skv.cache.radix import BlockCache
+    from skv.model import Request, Segment, SemanticType, content_hash
+    from skv.policies.lru import LRU
+
+    calls = []
+
+    class Recording(LRU):
+        def on_request(self, rb, now):
+            calls.append(("request", rb.index))
+
+        def on_extend(self, rb, now):
+            calls.append(("extend", rb.index))
+
+        def on_insert(self, b, now):
+            calls.append(("insert", b.key))
+            super().on_insert(b, now)
+
+    bs = 4
+    prompt = Segment(SemanticType.USER_QUERY, 2 * bs, content_hash("p"))
+    answer = Segment(SemanticType.OUTPUT, bs, content_hash("a"))
+    rb = request_blocks(Request("r", 0.0, [prompt]), bs, "prefix", index=3)
+    grown = request_blocks(Request("r", 0.0, [prompt, answer]), bs, "prefix", index=3)
+    pool = PolicyBlockPool(8, Recording()) if pool_kind == "plugin" else BlockCache(8, Recording())
+    lease = pool.acquire(rb, 0.0)
+    pool.extend(lease, grown, 2, 1.0)
+    assert calls == [
+        ("request", 3),
+        ("insert", rb.keys[0]),
+        ("insert", rb.keys[1]),
+        ("extend", 3),
+        ("insert", grown.keys[2]),
+    ]

@@ -12,6 +12,8 @@ the engine interleaves the events differently and the two drift apart).
 Pool events and the policy hooks they fire (as :class:`skv.cache.radix.BlockCache` fires them):
 
 - ``begin(rb, now)``: a request is first scheduled -> ``on_request``;
+- ``extend(rb, now)``: an in-flight request grows by its answer (the simulator's
+  ``PolicyBlockPool.extend``; the plugin never calls it) -> ``on_extend``;
 - ``touched(bid, now)``: a prefix hit takes block ``bid`` (free or held) -> ``on_pin`` when it
   was free, then ``on_hit``;
 - ``hashed(bid, key, tokens, stype, i, rb, ref, now)``: held block ``bid`` became full and
@@ -64,6 +66,9 @@ class FreeOrder:
 
     def begin(self, rb: RequestBlocks, now: float) -> None:
         self.policy.on_request(rb, now)
+
+    def extend(self, rb: RequestBlocks, now: float) -> None:
+        self.policy.on_extend(rb, now)
 
     def touched(self, bid: int, now: float) -> None:
         b = self.blocks[bid]

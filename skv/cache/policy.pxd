@@ -5,6 +5,7 @@ from skv.cache.block cimport Block
 
 cdef class Policy:
     cpdef on_request(self, RequestBlocks rb, double now)
+    cpdef on_extend(self, RequestBlocks rb, double now)
     cpdef on_insert(self, Block b, double now)
     cpdef on_hit(self, Block b, double now)
     cpdef on_pin(self, Block b)

@@ -6,6 +6,8 @@ blocks the cache offers it (SGLang's split: policies know *what to prefer*, the 
 to evict*). The cache calls, for every block:
 
 - ``on_request(rb, now)`` when a request arrives, before its lookup (sessions, turn gaps),
+- ``on_extend(rb, now)`` when an in-flight request grows by its generated answer (the
+  simulator's output blocks): the same request, not a new one; its inserts follow,
 - ``on_insert(b, now)`` when the block is first cached (it is pinned at that moment),
 - ``on_hit(b, now)`` when a request reuses it (pinned),
 - ``on_pin(b)`` when its pin count goes 0 -> 1, ``on_unpin(b, now)`` when it goes back to 0,
@@ -37,6 +39,9 @@ class Policy:
     uses_ghost_list: ClassVar[bool] = False
 
     def on_request(self, rb: RequestBlocks, now: float) -> None:
+        pass
+
+    def on_extend(self, rb: RequestBlocks, now: float) -> None:
         pass
 
     def on_insert(self, b: Block, now: float) -> None:

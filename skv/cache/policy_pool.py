@@ -81,6 +81,14 @@ class PolicyBlockPool:
     def lookup(self, rb: RequestBlocks) -> int:
         return self._hit_count(rb)
 
+    def admission_need(self, rb: RequestBlocks) -> int:
+        """Blocks admitting ``rb`` takes from the free pool (no side effects): its misses plus
+        the hits no request holds, which pinning removes from the evictable pool (vLLM v1's
+        ``get_num_blocks_to_allocate`` counts them the same way)."""
+        n_hit = self._hit_count(rb)
+        unheld = sum(1 for key in rb.keys[:n_hit] if self.ref[self.cached[key]] == 0)
+        return len(rb.keys) - n_hit + unheld
+
     def _hit_count(self, rb: RequestBlocks) -> int:
         hits = 0
         for key, tok in zip(rb.keys, rb.tokens, strict=True):
@@ -124,6 +132,7 @@ class PolicyBlockPool:
         block that is now full gets its hash; new blocks are taken one at a time."""
         held: list[int] = lease.blocks
         bs = rb.block_size
+        self.order.extend(rb, now)
         for i in range(start, len(rb.keys)):
             if i >= len(held):
                 if self._nfree == 0:

@@ -96,6 +96,23 @@ class BlockCache:
                 in_run = False
         return hits
 
+    def admission_need(self, rb: RequestBlocks) -> int:
+        """Blocks admitting ``rb`` takes from the free pool (no side effects): its misses plus
+        the hits no request holds, which pinning removes from the evictable pool (vLLM v1's
+        ``get_num_blocks_to_allocate`` counts them the same way)."""
+        need = 0
+        in_run = False
+        for key, parent in zip(rb.keys, rb.parents, strict=True):
+            if parent is None:
+                in_run = True
+            b = self.blocks.get(key) if in_run else None
+            if b is None:
+                in_run = False
+                need += 1
+            elif b.ref == 0:
+                need += 1
+        return need
+
     def acquire(self, rb: RequestBlocks, now: cython.double) -> Lease:
         """Look the request up, pin its hits and cache its misses; returns what it holds."""
         held: list = []
@@ -134,7 +151,10 @@ class BlockCache:
         stypes: list = rb.stypes
         next_use: object = rb.next_use
         n: cython.Py_ssize_t = len(keys)
-        policy.on_request(rb, now)
+        if count:
+            policy.on_request(rb, now)
+        else:
+            policy.on_extend(rb, now)
         i: cython.Py_ssize_t
         hit_blocks: cython.longlong = 0
         hit_tokens: cython.longlong = 0

@@ -144,6 +144,14 @@ class VllmBlockPool:
     def lookup(self, rb: RequestBlocks) -> int:
         return self._hit_count(rb)
 
+    def admission_need(self, rb: RequestBlocks) -> int:
+        """Blocks admitting ``rb`` takes from the free pool (no side effects): its misses plus
+        the hits no request holds, which pinning removes from the evictable pool (vLLM v1's
+        ``get_num_blocks_to_allocate`` counts them the same way)."""
+        n_hit = self._hit_count(rb)
+        unheld = sum(1 for key in rb.keys[:n_hit] if self.ref[self.cached[key]] == 0)
+        return len(rb.keys) - n_hit + unheld
+
     def _hit_count(self, rb: RequestBlocks) -> cython.Py_ssize_t:
         cached: dict = self.cached
         keys: list = rb.keys

@@ -105,9 +105,6 @@ cdef class SAECache(Policy):
     # the current request and the learning windows
     cdef public double _now
     cdef public int _cls
-    cdef bint _req_seen
-    cdef long long _req_index
-    cdef double _req_arrival
     cdef bint _req_single
     cdef long long _req_blocks
     cdef long long _req_hits
@@ -124,6 +121,7 @@ cdef class SAECache(Policy):
     cpdef Py_ssize_t group_of(self, Block b, int cls) except -1
     cpdef _refresh_cbase(self)
     cpdef on_request(self, RequestBlocks rb, double now)
+    cpdef on_extend(self, RequestBlocks rb, double now)
     cpdef on_insert(self, Block b, double now)
     cpdef on_hit(self, Block b, double now)
     cpdef on_unpin(self, Block b, double now)

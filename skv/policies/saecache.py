@@ -31,10 +31,10 @@ Priority, lowest evicted first: ``P(b) = alpha_q * w_type * p_q(b) / dt`` with
   ``sigma = sqrt(mean((log g - mu)^2))`` (= ``scipy.stats.lognorm.fit(g, floc=0)``); the seed
   ``mu = 2.28, sigma = 1.34`` holds until ``min_gap_samples`` (30) gaps are in the window;
   ``sigma >= sigma_min`` (0.05). A gap is the arrival of a session's request minus the arrival
-  of the session's previous request (the same request seen again, as when the simulator adds
-  its output blocks, is not a gap; gaps <= 0 are not samples; in the simulator a gap also spans
-  the previous turn's service time, which ``dt`` does not). The last ``max_sessions`` sessions
-  are remembered.
+  of the session's previous request (the simulator adding a request's output blocks is
+  ``on_extend``, the same request, not a gap; gaps <= 0 are not samples; in the simulator a
+  gap also spans the previous turn's service time, which ``dt`` does not). The last
+  ``max_sessions`` sessions are remembered.
 - Structural: ``p_q = 1 - (pos / pos_max) ** gamma`` with ``pos`` the block's index in the
   request that inserted it and ``pos_max`` that request's block count, *choice*: the ratio is
   rounded down to ``position_levels`` = R levels, ``r = floor(R * pos / pos_max) / R`` (so
@@ -507,9 +507,6 @@ class SAECache(Policy):
         # --- the current request and the learning windows -------------------------------------
         self._now = 0.0
         self._cls = EVICT_FIRST
-        self._req_seen = False  # (index, arrival) of the current request, once there is one
-        self._req_index = 0
-        self._req_arrival = 0.0
         self._req_single = False  # the current request is single-turn (gives a depth sample)
         self._req_blocks = 0
         self._req_hits = 0
@@ -620,8 +617,6 @@ class SAECache(Policy):
         self._now = now
         cls: cython.int = request_queue(rb)
         self._cls = cls
-        if self._req_seen and rb.index == self._req_index and rb.arrival_s == self._req_arrival:
-            return  # the same request again (the simulator adding its output)
         win: LogWindow
         if self._learn_gamma and self._req_single and self._req_blocks:
             win = self._depths
@@ -629,9 +624,6 @@ class SAECache(Policy):
             if win._n >= self.min_gamma_samples:
                 # MLE of D ~ CDF D**gamma: -1 / mean(log D) (mean < 0: every D is in (0, 1))
                 self.gamma = _clip(-1.0 / win.mean(), self.gamma_min, self.gamma_max)
-        self._req_seen = True
-        self._req_index = rb.index
-        self._req_arrival = rb.arrival_s
         self._req_single = cls in (_EF, _STRUCT)
         self._req_blocks = len(rb.keys)
         self._req_hits = 0
@@ -651,6 +643,12 @@ class SAECache(Policy):
             sessions[session] = rb.arrival_s
             if len(sessions) > self.max_sessions:
                 del sessions[next(iter(sessions))]
+
+    def on_extend(self, rb: RequestBlocks, now: cython.double) -> None:
+        """The answer of an in-flight request: its blocks join the request's queue; no new
+        sample (a second depth or session gap from one request would bias gamma and mu)."""
+        self._now = now
+        self._cls = request_queue(rb)
 
     def on_insert(self, b: Block, now: cython.double) -> None:
         b.pdata = self.group_of(b, self._cls)

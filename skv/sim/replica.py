@@ -3,7 +3,9 @@
 Per iteration (vLLM-style chunked prefill): every running request that has finished its prefill
 decodes one token; the remaining token budget goes to prefill chunks of running requests in
 admission order. Admission is FCFS and waits (head of line) while the cache cannot hold the
-request's uncached blocks next to the blocks pinned by running requests. A request holds its
+request's uncached blocks next to the blocks pinned by running requests; a cached block it
+would hit that no request holds counts as needed too, since pinning it takes it out of the
+evictable pool (vLLM v1 counts it the same way; ``admission_need``). A request holds its
 prompt blocks (pinned) from admission to completion; its generated output grows its blocks
 (type ``output``) when it finishes, so a later turn that quotes the answer can hit it.
 
@@ -113,7 +115,7 @@ class Replica:
         while self.waiting and self.running < self.max_running:
             st = self.waiting[0]
             rb = st.rb
-            needed = rb.num_blocks - cache.lookup(rb)
+            needed = cache.admission_need(rb)  # misses + hits nobody holds
             free = cache.usable_blocks - cache.pinned_blocks
             if needed > free and self.running:
                 break  # wait for running requests to release their blocks

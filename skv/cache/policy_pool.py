@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from skv.cache.block import CacheStats, Counters, Lease, new_lease
 from skv.cache.free_order import FreeOrder
+from skv.cache.vllm_pool import flat_admission_need
 
 if TYPE_CHECKING:
     from skv.blocks import RequestBlocks
@@ -82,12 +83,7 @@ class PolicyBlockPool:
         return self._hit_count(rb)
 
     def admission_need(self, rb: RequestBlocks) -> int:
-        """Blocks admitting ``rb`` takes from the free pool (no side effects): its misses plus
-        the hits no request holds, which pinning removes from the evictable pool (vLLM v1's
-        ``get_num_blocks_to_allocate`` counts them the same way)."""
-        n_hit = self._hit_count(rb)
-        unheld = sum(1 for key in rb.keys[:n_hit] if self.ref[self.cached[key]] == 0)
-        return len(rb.keys) - n_hit + unheld
+        return flat_admission_need(self, rb)
 
     def _hit_count(self, rb: RequestBlocks) -> int:
         hits = 0

@@ -19,6 +19,7 @@ and ``num_gpu_blocks - 1`` when they are block-aligned.
 from __future__ import annotations
 
 from array import array
+from typing import Any
 
 import cython
 
@@ -30,6 +31,16 @@ NULL_BLOCK = 0
 
 def _zeros(n: int) -> array:
     return array("q", bytes(8 * n))
+
+
+def flat_admission_need(pool: Any, rb: RequestBlocks) -> int:
+    """Blocks admitting ``rb`` takes from a flat pool's free blocks (``VllmBlockPool`` and
+    ``PolicyBlockPool``; no side effects): its misses plus the hits no request holds, which
+    pinning removes from the free queue (vLLM v1's ``get_num_blocks_to_allocate`` counts them
+    the same way)."""
+    n_hit = pool.lookup(rb)
+    unheld = sum(1 for key in rb.keys[:n_hit] if pool.ref[pool.cached[key]] == 0)
+    return len(rb.keys) - n_hit + unheld
 
 
 class VllmBlockPool:
@@ -145,12 +156,7 @@ class VllmBlockPool:
         return self._hit_count(rb)
 
     def admission_need(self, rb: RequestBlocks) -> int:
-        """Blocks admitting ``rb`` takes from the free pool (no side effects): its misses plus
-        the hits no request holds, which pinning removes from the evictable pool (vLLM v1's
-        ``get_num_blocks_to_allocate`` counts them the same way)."""
-        n_hit = self._hit_count(rb)
-        unheld = sum(1 for key in rb.keys[:n_hit] if self.ref[self.cached[key]] == 0)
-        return len(rb.keys) - n_hit + unheld
+        return flat_admission_need(self, rb)
 
     def _hit_count(self, rb: RequestBlocks) -> cython.Py_ssize_t:
         cached: dict = self.cached

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from skv.blocks import KeyingMode, RequestBlocks, request_blocks, resolve_block_size
+from skv.blocks import KeyingMode, RequestBlocks, iter_blocks
 from skv.model import TYPES, Request, SemanticType
 
 
@@ -34,12 +34,9 @@ def trace_info(
 
     mode = KeyingMode(mode)
     sizes: set[int] = set()
-    chains: dict = {}  # each session's last chain: a turn's repeated prefix is not re-hashed
 
     def blocks() -> Iterator[RequestBlocks]:
-        for i, r in enumerate(requests):
-            bs = resolve_block_size(block_size, r)
-            rb = request_blocks(r, bs, mode, index=i, salt_by_tenant=salt_by_tenant, chains=chains)
+        for rb in iter_blocks(requests, block_size, mode, salt_by_tenant=salt_by_tenant):
             sizes.add(rb.block_size)
             yield rb
 

@@ -710,3 +710,36 @@ def test_a_client_that_hangs_up_right_after_done_was_served():
             return response
 
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("service", ["proxy", "router"])
+def test_idle_upstream_connections_are_let_go_before_the_server_closes_them(tmp_path, service):
+    """uvicorn (so vLLM's server) closes a connection idle for 5 s; a client that keeps it as
+    long may send a request just as it closes (the request then fails with no answer: a 502,
+    and for a router a replica marked down). The services let an idle connection go after
+    UPSTREAM_KEEPALIVE_S: reused before that, a fresh one after."""
+    assert relay.UPSTREAM_KEEPALIVE_S <= 2.5  # half uvicorn's 5 s: room for a loaded loop
+    upstream = FastAPI()
+
+    @upstream.post("/v1/chat/completions")
+    async def answer(request: Request) -> JSONResponse:
+        port = request.client.port if request.client else None
+        return JSONResponse({"choices": [{"message": {"content": str(port)}}]})
+
+    def port_seen(c: httpx.Client) -> str:
+        r = c.post(CHAT, json={"messages": MSGS})
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["message"]["content"]
+
+    with serve_app(upstream) as up:
+        if service == "proxy":
+            cfg = proxy.ProxyConfig(upstream_base_url=up, trace_output_dir=tmp_path)
+            app = proxy.create_app(cfg)
+        else:
+            app = router.create_app(router.RouterConfig(replicas=[up], routing_output_dir=None))
+        with serve_app(app) as svc, httpx.Client(base_url=svc, timeout=10) as c:
+            first = port_seen(c)
+            time.sleep(0.2)
+            assert port_seen(c) == first  # kept while briefly idle
+            time.sleep(relay.UPSTREAM_KEEPALIVE_S + 0.5)
+            assert port_seen(c) != first  # let go: a new connection

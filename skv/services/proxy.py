@@ -298,7 +298,9 @@ def create_app(
     segmenter = Segmenter(cfg.tokenizer, redact=cfg.redact_text)
     writer = TraceWriter(cfg, segmenter)
     base = cfg.upstream_base_url.rstrip("/")
-    client = httpx.AsyncClient(timeout=timeouts.client(), transport=transport)
+    client = httpx.AsyncClient(
+        timeout=timeouts.client(), limits=timeouts.limits(), transport=transport
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

@@ -55,6 +55,14 @@ DEFAULT_FIRST_BYTE_TIMEOUT_S = 60.0
 DEFAULT_TOTAL_TIMEOUT_S = 600.0
 
 
+#: seconds an idle upstream connection is kept for reuse. Well under the 5 s after which uvicorn
+#: (and so vLLM's API server) closes an idle connection: with equal limits a request can be sent
+#: on a connection its server is just closing (the pool checks for a close only when it picks the
+#: connection), and it fails with no response (the client sees a 502; a router would count it
+#: against the replica)
+UPSTREAM_KEEPALIVE_S = 2.0
+
+
 @dataclass(frozen=True)
 class Timeouts:
     """Upstream time limits, in seconds; every one gives 504 ``timeout`` (a router fails over).
@@ -81,6 +89,10 @@ class Timeouts:
         :func:`open_upstream` and :func:`relay_response`)."""
         wait = min(self.first_byte_s, self.total_s)
         return httpx.Timeout(connect=min(self.connect_s, wait), read=wait, write=wait, pool=wait)
+
+    def limits(self) -> httpx.Limits:
+        """httpx's connection pool: idle connections let go after :data:`UPSTREAM_KEEPALIVE_S`."""
+        return httpx.Limits(keepalive_expiry=UPSTREAM_KEEPALIVE_S)
 
 
 @dataclass

@@ -750,7 +750,10 @@ def create_app(
         else None
     )
     client = httpx.AsyncClient(
-        timeout=cfg.timeouts.client(), transport=transport, mounts=dict(mounts or {}) or None
+        timeout=cfg.timeouts.client(),
+        limits=cfg.timeouts.limits(),
+        transport=transport,
+        mounts=dict(mounts or {}) or None,
     )
     subscribers = start_kv_subscribers(cfg, state)
     dispatcher = Dispatcher(cfg, state, client, log_out)

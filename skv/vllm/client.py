@@ -77,6 +77,11 @@ class RequestResult:
         return d
 
 
+#: seconds an idle connection is kept: under vLLM's (uvicorn's) 5 s idle close, so that no request
+#: is sent on a connection the server is just closing (it would fail with no response)
+KEEPALIVE_S = 2.0
+
+
 class StreamingClient:
     """Streams ``/v1/completions`` and ``/v1/chat/completions`` with httpx and times each chunk.
 
@@ -105,7 +110,11 @@ class StreamingClient:
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
             timeout=httpx.Timeout(timeout, connect=30.0),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=64),
+            limits=httpx.Limits(
+                max_connections=max_connections,
+                max_keepalive_connections=64,
+                keepalive_expiry=KEEPALIVE_S,
+            ),
             headers=headers,
             transport=transport,
         )

@@ -75,8 +75,8 @@ class CompactTrace(Sequence[RequestBlocks]):
             shared.append(same)
             n_keys.append(len(keys))
             new_keys.extend(keys[same:])
-            chain_starts = [j for j, parent in enumerate(rb.parents) if parent is None]
-            if _parents_of(keys, chain_starts) != rb.parents:
+            chain_starts = _chain_starts(keys, rb.parents)
+            if chain_starts is None:
                 raise ValueError(f"request {rb.index}: a parent that is not the previous key")
             starts.extend(chain_starts)
             n_starts.append(len(chain_starts))
@@ -157,6 +157,78 @@ class CompactTrace(Sequence[RequestBlocks]):
             yield self._read(i, j)
             i = j
 
+    @property
+    def new_keys(self) -> np.ndarray:
+        """The stored keys, request by request: each request's keys after its shared prefix
+        (read-only; :meth:`select` takes one verdict per entry)."""
+        view = self._new_keys.view()
+        view.flags.writeable = False
+        return view
+
+    def select(self, keep: np.ndarray) -> Iterator[RequestBlocks]:
+        """Every request cut down to the blocks whose stored key ``keep`` marks (``keep[k]``
+        decides ``new_keys[k]``); requests left with no block are skipped, the rest numbered
+        ``0..`` in trace order. For a per-key filter (a verdict that depends on the key alone).
+
+        A block of a turn's shared prefix has its predecessor's key, so it takes that verdict
+        without being looked at: the cost is O(stored keys + kept blocks + requests), not
+        O(block accesses). A kept block's parent is the nearest kept block before it in its
+        chain (none for a chain's first kept block), so prefix semantics hold within the cut.
+        Tokens, types and segment sizes are the block's own; ``prompt_tokens`` is the kept
+        tokens' sum unless every block is kept."""
+        keep = np.asarray(keep, dtype=bool)
+        if keep.shape != self._new_keys.shape:
+            raise ValueError(f"keep has {keep.size} verdicts for {self._new_keys.size} keys")
+        live: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        kept = 0
+        for i in range(len(self)):
+            a, b = int(self._new_at[i]), int(self._new_at[i + 1])
+            sel = np.flatnonzero(keep[a:b])
+            new_keys = self._new_keys[a + sel]
+            p, s = int(self._pred[i]), int(self._shared[i])
+            if p == _NONE:
+                pos, keys = sel, new_keys
+            else:
+                prev_pos, prev_keys = live.pop(p)
+                m = int(np.searchsorted(prev_pos, s))
+                pos = np.concatenate((prev_pos[:m], sel + s))
+                keys = np.concatenate((prev_keys[:m], new_keys))
+            live[i] = (pos, keys)
+            if len(pos):
+                yield self._build_cut(i, kept, pos, keys.tolist())
+                kept += 1
+
+    def _build_cut(self, i: int, index: int, pos: np.ndarray, keys: list) -> RequestBlocks:
+        """Request ``i``'s blocks at positions ``pos`` (ascending), with keys ``keys``."""
+        starts = self._starts[self._starts_at[i] : self._starts_at[i + 1]]
+        chain = np.searchsorted(starts, pos, "right")
+        parents: list = [None, *keys[:-1]]
+        for j in np.flatnonzero(chain[1:] != chain[:-1]).tolist():
+            parents[j + 1] = None
+        tokens = self._decode_at("tokens", i, pos)
+        whole = len(keys) == int(self._n_keys[i])
+        return RequestBlocks(
+            index=index,
+            arrival_s=float(self._arrival[i]),
+            keys=keys,
+            parents=parents,
+            tokens=tokens,
+            stypes=self._decode_at("stypes", i, pos),
+            seg_tokens=self._decode_at("seg_tokens", i, pos),
+            session=self._sessions[i],
+            turn=int(self._turn[i]),
+            templated=bool(self._templated[i]),
+            block_size=int(self._block_size[i]),
+            prompt_tokens=int(self._prompt[i]) if whole else sum(tokens),
+        )
+
+    def _decode_at(self, field: str, i: int, pos: np.ndarray) -> list:
+        """Request ``i``'s run-length encoded ``field`` at positions ``pos`` only."""
+        vals, lens, at = self._runs[field]
+        a, b = at[i], at[i + 1]
+        ends = np.cumsum(lens[a:b])
+        return vals[a:b][np.searchsorted(ends, pos, "right")].tolist()
+
     def arrival_s(self, i: int) -> float:
         """Request ``i``'s arrival time, without rebuilding it."""
         return float(self._arrival[i])
@@ -224,6 +296,15 @@ class CompactTrace(Sequence[RequestBlocks]):
         return out
 
 
+def _chain_starts(keys: list, parents: list) -> list[int] | None:
+    """Where ``parents`` starts a chain (``None``), provided every other parent is the key
+    before it (else ``None``). One chain, the usual case, is checked by two list compares."""
+    if parents and parents[0] is None and parents[1:] == keys[:-1]:
+        return [0]
+    starts = [j for j, parent in enumerate(parents) if parent is None]
+    return starts if _parents_of(keys, starts) == parents else None
+
+
 def _parents_of(keys: list, chain_starts: list[int]) -> list:
     parents: list = [None, *keys[:-1]] if keys else []
     for j in chain_starts:
@@ -236,6 +317,16 @@ def _encode_runs(values: list, vals: array, lens: array) -> int:
     n = len(values)
     if not n:
         return 0
+    first = values[0]
+    same = values.count(first)  # in C: most fields are one run, or two (a short last block)
+    if same == n or (same == n - 1 and values[-1] != first):
+        vals.append(first)
+        lens.append(same)
+        if same == n:
+            return 1
+        vals.append(values[-1])
+        lens.append(1)
+        return 2
     a = np.asarray(values, dtype=np.int64)
     edges = np.flatnonzero(a[1:] != a[:-1]) + 1
     bounds = np.concatenate(([0], edges, [n]))

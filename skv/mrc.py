@@ -46,8 +46,10 @@ are kept, so a kept key keeps its whole chain and prefix semantics survive. The 
 several units (the trunk: system prompts shared across sessions, the blocks above the depth)
 come with every sampled request; they are hot and always cached, so the sample's cache is
 ``rate * (C - S) + S`` with ``S`` the trunk blocks in the sample (:func:`scaled_capacity`).
-``"block"`` is per-key SHARDS instead: a block is kept iff its key is sampled, re-chained to its
-nearest kept ancestor; it has far more independent units, but one hot shared key (Mooncake's
+``"block"`` is per-key SHARDS instead: a block is kept iff its key is sampled (a seeded
+splitmix64 hash, vectorised over the stored keys of a :class:`~skv.compact_trace.CompactTrace`,
+whose turns inherit their predecessor's cut of the shared prefix), re-chained to its nearest
+kept ancestor; it has far more independent units, but one hot shared key (Mooncake's
 block 0: 4% of its accesses) is all in or all out. Any policy replays a sample
 (:func:`shards_curve`). Biases: few units give large errors (40 sessions at ``rate=0.01`` keep
 0 or 1); policies that learn from volume or mix (``adaptive_semantic``, frequency counts) see
@@ -342,13 +344,21 @@ UNITS = ("auto", "root", "session", "block")
 
 @dataclass
 class Sample:
-    """A spatially sampled trace; ``shared_blocks`` = distinct trunk keys (above ``depth``)."""
+    """A spatially sampled trace; ``shared_blocks`` = distinct trunk keys (above ``depth``);
+    ``key_share``: the share of the trace's distinct keys the sample holds, where known (a
+    per-key sample)."""
 
     trace: list[RequestBlocks]
     rate: float
     unit: str
     depth: int
     shared_blocks: int
+    key_share: float | None = None
+
+    @property
+    def scale(self) -> float:
+        """What a cache's non-trunk part is scaled by: the key share if known, else the rate."""
+        return self.key_share if self.key_share else self.rate
 
 
 def sample_trace(
@@ -449,55 +459,50 @@ def _cross_session_keys(trace: Sequence[RequestBlocks]) -> set:
     return shared
 
 
+def key_sampled(keys: np.ndarray, rate: float, seed: int) -> np.ndarray:
+    """Per-key SHARDS verdicts for 64-bit keys, vectorised: splitmix64's finaliser of the key
+    mixed with a salt drawn from the seed, below ``rate * 2**64``. A key's verdict depends on
+    the key and the seed alone (so a key shared by requests or sessions is in or out for all)."""
+    rate = check_rate(rate)
+    keys = np.asarray(keys, dtype=np.uint64)
+    if rate >= 1.0:
+        return np.ones(keys.shape, dtype=bool)
+    z = keys ^ np.uint64(_unit_hash(b"key-salt", seed))
+    z = z + np.uint64(0x9E3779B97F4A7C15)  # uint64 arithmetic wraps (mod 2**64), silently
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z = z ^ (z >> np.uint64(31))
+    return z < np.uint64(math.floor(rate * 2**64))
+
+
 def _sample_blocks(trace: Sequence[RequestBlocks], rate: float, seed: int) -> Sample:
-    """Per-key SHARDS: keep a block iff its key's hash is sampled, re-chained to its nearest
-    kept ancestor (a key still fixes its sampled parent, so prefix semantics hold within the
-    sample). Many more independent units than whole trees; requests shrink to ~``rate`` of
-    their blocks, which biases policies that look at request sizes or positions."""
-    threshold = math.floor(rate * 2**64)
-    decided: dict = {}
-    kept: list[RequestBlocks] = []
-    for rb in trace:
-        idx: list[int] = []
-        parents: list = []
-        prev = None
-        for i, (key, parent) in enumerate(zip(rb.keys, rb.parents, strict=True)):
-            if parent is None:
-                prev = None
-            take = decided.get(key)
-            if take is None:
-                take = decided[key] = rate >= 1.0 or _unit_hash(_key_bytes(key), seed) < threshold
-            if take:
-                idx.append(i)
-                parents.append(prev)
-                prev = key
-        if not idx:
-            continue
-        tokens = [rb.tokens[i] for i in idx]
-        kept.append(
-            RequestBlocks(
-                index=len(kept),
-                arrival_s=rb.arrival_s,
-                keys=[rb.keys[i] for i in idx],
-                parents=parents,
-                tokens=tokens,
-                stypes=[rb.stypes[i] for i in idx],
-                seg_tokens=[rb.seg_tokens[i] for i in idx],
-                session=rb.session,
-                turn=rb.turn,
-                templated=rb.templated,
-                block_size=rb.block_size,
-                prompt_tokens=rb.prompt_tokens if len(idx) == len(rb.keys) else sum(tokens),
-            )
-        )
-    log.info("sample at rate %g (unit block): %d of %d requests", rate, len(kept), len(trace))
-    return Sample(kept, rate, "block", 0, 0)
+    """Per-key SHARDS: keep a block iff its key is sampled (:func:`key_sampled`), re-chained to
+    its nearest kept ancestor (a key still fixes its sampled parent, so prefix semantics hold
+    within the sample). Many more independent units than whole trees; requests shrink to
+    ~``rate`` of their blocks, which biases policies that look at request sizes or positions.
+
+    Runs on a :class:`~skv.compact_trace.CompactTrace` (one is built from a list): verdicts for
+    the stored keys at once, and a turn's shared prefix inherits its predecessor's cut, so the
+    cost is O(unique keys per session + kept blocks + requests), not O(block accesses)."""
+    from skv.compact_trace import CompactTrace
+
+    compact = trace if isinstance(trace, CompactTrace) else CompactTrace(trace)
+    kept = list(compact.select(key_sampled(compact.new_keys, rate, seed)))
+    unique = np.unique(compact.new_keys)
+    share = float(key_sampled(unique, rate, seed).mean()) if len(unique) else 0.0
+    log.info("sample at rate %g (unit block): %d of %d requests, %.4g of the keys",
+             rate, len(kept), len(trace), share)  # fmt: skip
+    return Sample(kept, rate, "block", 0, 0, key_share=share)
 
 
 def scaled_capacity(capacity: int, sample: Sample) -> int:
-    """The sample's cache size for a full-trace ``capacity``: the trunk whole, the rest scaled."""
+    """The sample's cache size for a full-trace ``capacity``: the trunk whole, the rest scaled
+    by ``sample.scale``. A per-key sample scales by the share of the trace's distinct keys it
+    holds rather than the nominal rate (SHARDS-adj's correction for a sample that came out
+    larger or smaller than expected, applied to the cache: in one run on the Claude Code
+    sessions it cut the max error at R = 0.01 from 2.6 to 2.0 points, mean of 5 seeds)."""
     shared = min(sample.shared_blocks, capacity)
-    return max(1, round(sample.rate * (capacity - shared)) + shared)
+    return max(1, round(sample.scale * (capacity - shared)) + shared)
 
 
 def shards_curve(

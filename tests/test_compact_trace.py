@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import random
 
+import numpy as np
 import pytest
 from helpers import seg
 
@@ -129,6 +130,68 @@ def test_what_compact_cannot_hold_is_refused():
         CompactTrace([rb])
 
 
+def _cut_block_by_block(full: list[RequestBlocks], keep_key) -> list[RequestBlocks]:
+    """The reference per-key cut: every block of every request looked at, kept iff its key is,
+    re-chained to the nearest kept block before it in its chain."""
+    out = []
+    for rb in full:
+        idx, parents, prev = [], [], None
+        for i, (key, parent) in enumerate(zip(rb.keys, rb.parents, strict=True)):
+            if parent is None:
+                prev = None
+            if keep_key(key):
+                idx.append(i)
+                parents.append(prev)
+                prev = key
+        if not idx:
+            continue
+        tokens = [rb.tokens[i] for i in idx]
+        whole = len(idx) == len(rb.keys)
+        out.append(
+            RequestBlocks(
+                index=len(out), arrival_s=rb.arrival_s, keys=[rb.keys[i] for i in idx],
+                parents=parents, tokens=tokens, stypes=[rb.stypes[i] for i in idx],
+                seg_tokens=[rb.seg_tokens[i] for i in idx], session=rb.session, turn=rb.turn,
+                templated=rb.templated, block_size=rb.block_size,
+                prompt_tokens=rb.prompt_tokens if whole else sum(tokens),
+            )
+        )  # fmt: skip
+    return out
+
+
+def _keep_share(share: float):
+    """A verdict that depends on the key alone (as per-key sampling's does)."""
+    return lambda key: (key * 0x9E3779B97F4A7C15 >> 17) % 1000 < share * 1000
+
+
+@pytest.mark.parametrize("share", [0.0, 0.1, 0.5, 0.9, 1.0])
+@pytest.mark.parametrize(("name", "make", "mode", "salt"), CASES, ids=[c[0] for c in CASES])
+def test_a_per_key_cut_equals_cutting_every_block(name, make, mode, salt, share):
+    """``select`` looks only at the stored keys (a turn's shared prefix inherits its
+    predecessor's cut) and gives what cutting every block of every request gives."""
+    full, ct = _both(make, mode, salt)
+    keep_key = _keep_share(share)
+    keep = np.array([keep_key(k) for k in ct.new_keys.tolist()], dtype=bool)
+    cut = list(ct.select(keep))
+    assert cut == _cut_block_by_block(full, keep_key)
+    if share == 1.0:  # every request with a block, whole
+        assert [(r.keys, r.parents) for r in cut] == [(r.keys, r.parents) for r in full if r.keys]
+    if share == 0.0:
+        assert cut == []
+    with pytest.raises(ValueError, match="verdicts"):
+        next(ct.select(keep[:-1]))
+
+
+def test_a_cut_request_counts_its_kept_tokens_and_a_whole_one_keeps_its_prompt():
+    rb = RequestBlocks(index=0, arrival_s=0.0, keys=[5, 6], parents=[None, 5], tokens=[4, 4],
+                       stypes=[0, 0], seg_tokens=[8, 8], session=None, turn=0, templated=False,
+                       block_size=4, prompt_tokens=10)  # fmt: skip
+    ct = CompactTrace([rb])
+    assert [r.prompt_tokens for r in ct.select(np.array([True, True]))] == [10]
+    (cut,) = ct.select(np.array([False, True]))
+    assert (cut.keys, cut.parents, cut.prompt_tokens) == ([6], [None], 4)
+
+
 ONLINE = sorted(p for p in POLICIES if p not in OFFLINE)
 
 
@@ -191,3 +254,17 @@ def test_real_traces_rebuild_exactly(name, mode):
     ct = CompactTrace(iter_blocks(requests, None, mode))
     assert list(ct) == full
     assert ct.stored_keys < ct.block_accesses / 10 or name.startswith("mooncake")
+
+
+@pytest.mark.parametrize("name", REAL)
+@pytest.mark.parametrize("mode", ["prefix", "segment"])
+def test_real_traces_cut_per_key_exactly(name, mode):
+    root = trace_dir()
+    if root is None or not (root / name).exists():
+        pytest.skip(f"real trace {name} not present (see skv.traces.trace_dir)")
+    requests = load_trace(root / name)
+    full = compile_trace(requests, None, mode)
+    ct = CompactTrace(full)
+    keep_key = _keep_share(0.1)
+    keep = np.array([keep_key(k) for k in ct.new_keys.tolist()], dtype=bool)
+    assert list(ct.select(keep)) == _cut_block_by_block(full, keep_key)

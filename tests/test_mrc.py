@@ -23,6 +23,7 @@ from skv.blocks import RequestBlocks
 from skv.cli import main
 from skv.model import Request, Segment, SemanticType
 from skv.mrc import (
+    key_sampled,
     lru_curve,
     sample_trace,
     scaled_capacity,
@@ -31,6 +32,9 @@ from skv.mrc import (
 )
 from skv.replay import compile_trace, replay_one, trace_totals
 from skv.workloads import make_workload
+
+#: key_sampled's verdicts on a fixed probe at rate 0.5, seed 0
+PINNED_VERDICTS = [False, True, False, True, False, False]
 
 MOONCAKE = Path(__file__).parent / "data" / "mooncake_tiny.jsonl"
 
@@ -159,6 +163,51 @@ def test_sample_is_deterministic_and_keeps_whole_requests():
     assert [r.keys for r in blocks.trace] == [
         r.keys for r in sample_trace(trace, 0.3, seed=5, unit="block").trace
     ]
+
+
+def test_per_key_verdicts_hit_the_rate_and_depend_on_the_key_and_seed_alone():
+    n = 400_000
+    spread = np.arange(1, n + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)  # wraps
+    for keys in (np.arange(n, dtype=np.uint64), spread):  # sequential ids too
+        for rate in (0.5, 0.1, 0.01):
+            share = key_sampled(keys, rate, 0).mean()
+            assert abs(share - rate) < 5 * math.sqrt(rate * (1 - rate) / n), (rate, share)
+        a, b = key_sampled(keys, 0.1, 0), key_sampled(keys, 0.1, 1)
+        assert np.array_equal(key_sampled(keys[::-1], 0.1, 0)[::-1], a)  # order plays no part
+        both = (a & b).mean()  # seeds draw independent samples: overlap ~ rate**2
+        assert abs(both - 0.01) < 5 * math.sqrt(0.01 / n)
+    assert key_sampled(spread, 1.0, 3).all()
+    # the verdicts define every per-key sample: pinned, so a change is a deliberate one
+    probe = np.array([0, 1, 2, 12345, 2**63, 2**64 - 1], dtype=np.uint64)
+    assert key_sampled(probe, 0.5, 0).tolist() == PINNED_VERDICTS
+    with pytest.raises(ValueError, match="sample rate"):
+        key_sampled(probe, 0.0, 0)
+
+
+def test_a_per_key_sample_scales_the_cache_by_its_share_of_the_keys():
+    """The share is what the sample holds: its distinct keys over the trace's."""
+    trace = compile_trace(make_workload("multi_turn_chat", seed=2, num_requests=300))
+    unique = len({k for rb in trace for k in rb.keys})
+    for rate, seed in ((0.3, 1), (0.05, 2), (0.05, 3)):
+        s = sample_trace(trace, rate, seed=seed, unit="block")
+        held = len({k for rb in s.trace for k in rb.keys})
+        assert s.key_share == pytest.approx(held / unique) and s.scale == s.key_share
+        assert s.key_share != rate  # a finite sample: not exactly the rate
+        assert scaled_capacity(1000, s) == round(held / unique * 1000)
+    whole = sample_trace(trace, 0.3, seed=1)  # whole sessions: the nominal rate
+    assert whole.key_share is None and whole.scale == 0.3
+
+
+def test_per_key_sample_of_a_list_equals_that_of_its_compact_trace():
+    from skv.compact_trace import CompactTrace
+
+    trace = compile_trace(make_workload("multi_turn_chat", seed=2, num_requests=300))
+    for rate in (0.3, 0.05):
+        a = sample_trace(trace, rate, seed=4, unit="block")
+        b = sample_trace(CompactTrace(trace), rate, seed=4, unit="block")
+        assert a.trace == b.trace and a.trace
+        kept = sum(len(r.keys) for r in a.trace) / sum(len(r.keys) for r in trace)
+        assert 0.3 * rate < kept < 3 * rate
 
 
 @pytest.mark.parametrize("unit", ["auto", "root", "session", "block"])

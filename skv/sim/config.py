@@ -35,6 +35,12 @@ class SimConfig:
         from skv.sim.routers import check_view
 
         check_view(self.router_view)
+        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int):
+            raise ValueError(f"replicas must be a whole number >= 1, got {self.replicas!r}")
+        if self.replicas < 1:
+            raise ValueError(f"replicas must be >= 1, got {self.replicas}")
+        if not self.sample_every_s >= 0:  # NaN too; 0 samples at every event
+            raise ValueError(f"sample_every_s must be >= 0 seconds, got {self.sample_every_s!r}")
         if self.router_cache_blocks is not None and self.router_cache_blocks < 1:
             raise ValueError(
                 f"router_cache_blocks must be >= 1 or None, got {self.router_cache_blocks}"

@@ -41,7 +41,8 @@ seeded 64-bit hash (blake2b; the same in every process) of its *unit* falls belo
 ``rate * 2**64``. Units (``unit=``): ``"session"``; ``"root"``, the request's first block;
 ``"auto"`` (the default), sessions when the trace has two or more, else the block at the
 shallowest depth that splits the requests into at least half as many units as any depth up to
-8 (depth 1 on Mooncake, whose block 0 is one system prompt for every request). Whole requests
+8 (depth 1 on Mooncake, whose block 0 is one system prompt for every request); and per-key
+(``"block"``, below) when fewer than :data:`AUTO_MIN_UNITS` units would be sampled. Whole requests
 are kept, so a kept key keeps its whole chain and prefix semantics survive. The keys shared by
 several units (the trunk: system prompts shared across sessions, the blocks above the depth)
 come with every sampled request; they are hot and always cached, so the sample's cache is
@@ -327,19 +328,27 @@ def _key_bytes(key: Any) -> bytes:
     return int(key).to_bytes(16, "little", signed=True)
 
 
-def auto_depth(trace: Sequence[RequestBlocks]) -> int:
+def auto_depth(trace: Sequence[RequestBlocks]) -> tuple[int, int]:
     """The shallowest block depth whose keys split the requests into at least half as many
-    units as any depth below :data:`AUTO_DEPTHS` (0 when every request has its own root)."""
+    units as any depth below :data:`AUTO_DEPTHS` (0 when every request has its own root), and
+    how many units it gives."""
     counts = [
         len({rb.keys[min(d, len(rb.keys) - 1)] for rb in trace if rb.keys})
         for d in range(AUTO_DEPTHS)
     ]
     best = max(counts, default=0)
-    return next((d for d, c in enumerate(counts) if 2 * c >= best), 0)
+    depth = next((d for d, c in enumerate(counts) if 2 * c >= best), 0)
+    return depth, counts[depth] if counts else 0
 
 
 #: what :func:`sample_trace` keeps or drops whole
 UNITS = ("auto", "root", "session", "block")
+
+#: ``unit="auto"`` keeps whole units only when the sample would hold at least this many;
+#: with fewer, which units come in decides the estimate (one run of benchmarks/mrc_speed.py:
+#: 4 of the 40 Claude Code sessions at R = 0.1 were off by 36-80 points, per-key sampling by
+#: under 1; 74 Mooncake prefix trees at R = 0.01 by 9), so it samples per key instead
+AUTO_MIN_UNITS = 100
 
 
 @dataclass
@@ -362,13 +371,19 @@ class Sample:
 
 
 def sample_trace(
-    trace: Sequence[RequestBlocks], rate: float, *, seed: int = 0, unit: str = "auto"
+    trace: Sequence[RequestBlocks],
+    rate: float,
+    *,
+    seed: int = 0,
+    unit: str = "auto",
+    min_units: int = AUTO_MIN_UNITS,
 ) -> Sample:
     """SHARDS-style spatial sample: whole requests, kept by a seeded hash of their unit.
 
     Deterministic for a given ``seed``; ``rate=1`` keeps every request (indices unchanged).
     Kept requests are re-indexed ``0..`` (offline policies index by position); their block
-    lists are shared with ``trace``, not copied.
+    lists are shared with ``trace``, not copied. ``unit="auto"`` below ``min_units`` expected
+    sampled units is per-key sampling (``Sample.unit`` says which was used).
     """
     rate = check_rate(rate)
     if not trace:
@@ -379,8 +394,11 @@ def sample_trace(
         return _sample_blocks(trace, rate, seed)
     sessions = {rb.session for rb in trace} - {None}
     by_session = unit == "session" or (unit == "auto" and len(sessions) >= 2)
+    depth, units = (0, len(sessions)) if by_session or unit != "auto" else auto_depth(trace)
+    if unit == "auto" and rate < 1.0 and rate * units < min_units:
+        log.info("%d units at rate %g: fewer than %d sampled, so per-key", units, rate, min_units)
+        return _sample_blocks(trace, rate, seed)
     shared = _cross_session_keys(trace) if by_session else set()
-    depth = auto_depth(trace) if unit == "auto" and not by_session else 0
     threshold = math.floor(rate * 2**64)
     kept: list[RequestBlocks] = []
     trunk: set = set()

@@ -150,9 +150,9 @@ def test_curve_is_monotone_and_reaches_the_infinite_cache_ceiling():
 
 def test_sample_is_deterministic_and_keeps_whole_requests():
     trace = compile_trace(make_workload("multi_turn_chat", seed=2, num_requests=300))
-    a = sample_trace(trace, 0.3, seed=5)
-    b = sample_trace(trace, 0.3, seed=5)
-    c = sample_trace(trace, 0.3, seed=6)
+    a = sample_trace(trace, 0.3, seed=5, min_units=0)
+    b = sample_trace(trace, 0.3, seed=5, min_units=0)
+    c = sample_trace(trace, 0.3, seed=6, min_units=0)
     assert [r.keys for r in a.trace] == [r.keys for r in b.trace]
     assert [r.keys for r in a.trace] != [r.keys for r in c.trace]
     originals = {tuple(r.keys) for r in trace}
@@ -194,7 +194,7 @@ def test_a_per_key_sample_scales_the_cache_by_its_share_of_the_keys():
         assert s.key_share == pytest.approx(held / unique) and s.scale == s.key_share
         assert s.key_share != rate  # a finite sample: not exactly the rate
         assert scaled_capacity(1000, s) == round(held / unique * 1000)
-    whole = sample_trace(trace, 0.3, seed=1)  # whole sessions: the nominal rate
+    whole = sample_trace(trace, 0.3, seed=1, min_units=0)  # whole sessions: the nominal rate
     assert whole.key_share is None and whole.scale == 0.3
 
 
@@ -208,6 +208,22 @@ def test_per_key_sample_of_a_list_equals_that_of_its_compact_trace():
         assert a.trace == b.trace and a.trace
         kept = sum(len(r.keys) for r in a.trace) / sum(len(r.keys) for r in trace)
         assert 0.3 * rate < kept < 3 * rate
+
+
+def test_auto_samples_per_key_when_too_few_units_would_come_in():
+    """Whole units need enough of them in the sample: ``rate * units >= min_units``."""
+    trace = compile_trace(make_workload("multi_turn_chat", seed=2, num_requests=300))
+    sessions = len({rb.session for rb in trace})
+    rate = 0.3
+    assert sample_trace(trace, rate, seed=5).unit == "block"  # the default 100 > 0.3 * units
+    at_edge = math.ceil(rate * sessions)
+    assert sample_trace(trace, rate, seed=5, min_units=at_edge + 1).unit == "block"
+    whole = sample_trace(trace, rate, seed=5, min_units=at_edge - 1)
+    assert whole.unit == "session" and whole.key_share is None
+    assert sample_trace(trace, 1.0, seed=5).unit == "session"  # rate 1: everything, whole
+    flat = compile_trace(_hash_id_trace(1, n=200))  # no sessions: prefix trees at depth 2
+    assert sample_trace(flat, 0.25, seed=0).unit == "block"
+    assert sample_trace(flat, 0.25, seed=0, min_units=1).unit == "auto"
 
 
 @pytest.mark.parametrize("unit", ["auto", "root", "session", "block"])
@@ -226,7 +242,7 @@ def test_rate_one_equals_the_full_replay_exactly(policy, unit):
 
 def test_scaled_capacity_keeps_the_shared_trunk_whole():
     trace = compile_trace(_hash_id_trace(1, n=200))
-    s = sample_trace(trace, 0.25, seed=0)
+    s = sample_trace(trace, 0.25, seed=0, min_units=0)
     assert s.depth == 2  # blocks 1, 2 are one system prompt for everyone: the trunk
     assert s.shared_blocks == 2
     assert scaled_capacity(102, s) == round(0.25 * 100) + 2
@@ -321,7 +337,7 @@ def test_session_sampling_keeps_the_cross_session_trunk_whole(mode):
             users.setdefault(key, set()).add(rb.session)
     shared = {k for k, s in users.items() if len(s) > 1}
     assert shared and skv.mrc._cross_session_keys(trace) == shared
-    s = sample_trace(trace, 0.4, seed=1)
+    s = sample_trace(trace, 0.4, seed=1, min_units=0)
     assert s.unit == "session" and 0 < len(s.trace) < len(trace)
     assert s.shared_blocks == len(shared & {k for rb in s.trace for k in rb.keys})
     kept = {rb.session for rb in s.trace}

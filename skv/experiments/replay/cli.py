@@ -93,8 +93,9 @@ def add_curve_args(p: argparse.ArgumentParser) -> None:
         choices=["auto", "root", "session", "block"],
         default="auto",
         help="what is kept or dropped whole: auto (default: sessions when the trace has "
-        "them, else the block where requests diverge), the first block, the session, or "
-        "each block (per-key SHARDS, re-chained)",
+        "them, else the block where requests diverge; each block when fewer than 100 such "
+        "units would be sampled), the first block, the session, or each block (per-key "
+        "SHARDS, re-chained)",
     )
     g.add_argument(
         "--curve-points", type=int, default=64, help="exact lru points written (log-spaced)"

@@ -245,7 +245,7 @@ REAL = ["weka_cc", "mooncake/conversation_trace.jsonl"]
 
 @pytest.mark.parametrize("name", REAL)
 @pytest.mark.parametrize("mode", ["prefix", "segment"])
-def test_real_traces_rebuild_exactly(name, mode):
+def test_real_traces_rebuild_and_cut_per_key_exactly(name, mode):
     root = trace_dir()
     if root is None or not (root / name).exists():
         pytest.skip(f"real trace {name} not present (see skv.traces.trace_dir)")
@@ -254,17 +254,6 @@ def test_real_traces_rebuild_exactly(name, mode):
     ct = CompactTrace(iter_blocks(requests, None, mode))
     assert list(ct) == full
     assert ct.stored_keys < ct.block_accesses / 10 or name.startswith("mooncake")
-
-
-@pytest.mark.parametrize("name", REAL)
-@pytest.mark.parametrize("mode", ["prefix", "segment"])
-def test_real_traces_cut_per_key_exactly(name, mode):
-    root = trace_dir()
-    if root is None or not (root / name).exists():
-        pytest.skip(f"real trace {name} not present (see skv.traces.trace_dir)")
-    requests = load_trace(root / name)
-    full = compile_trace(requests, None, mode)
-    ct = CompactTrace(full)
     keep_key = _keep_share(0.1)
     keep = np.array([keep_key(k) for k in ct.new_keys.tolist()], dtype=bool)
     assert list(ct.select(keep)) == _cut_block_by_block(full, keep_key)

@@ -4,17 +4,20 @@ the simulator side of the vLLM eviction plugin. No engine needed."""
 from __future__ import annotations
 
 import pytest
+from helpers import rb as make_rb
 
 from skv.blocks import request_blocks
 from skv.cache.policy_pool import PolicyBlockPool
+from skv.cache.vllm_pool import VllmBlockPool
 from skv.experiments.engine import (
     OUTPUT_ID_BASE,
     simulate_hits,
     synthetic_trace,
     with_output_blocks,
 )
+from skv.policies.lru import LRU
 from skv.policies.registry import OFFLINE, POLICIES, make_cache, make_policy, make_vllm_pool
-from skv.replay import compile_trace
+from skv.replay import compile_trace, replay_one
 
 CFG = {
     "num_requests": 250,
@@ -57,9 +60,54 @@ def test_lru_order_is_stock_vllm(seed):
     stock, ours = make_cache("vllm", 64), make_cache("vllm", 64, {"eviction": "lru"})
     assert isinstance(ours, PolicyBlockPool)
     assert run(stock, tr) == run(ours, tr)
-    assert stock.stats.evictions == ours.stats.evictions > 500
+    assert stock.stats == ours.stats and stock.stats.evictions > 500
     assert set(stock.cached) == set(ours.cached)
     assert ours.pinned_blocks == 0 and len(ours.unhashed) + ours.free_cached == 63
+
+
+def test_the_two_pools_count_alike_when_a_decode_finds_no_free_block():
+    """Pool of 3 (2 usable): a 3-block prompt leaves one block uncached; then a request holds
+    one block and decodes two more with nothing free. vLLM counts prompts only: 1 uncached,
+    in both pools (the policy pool used to count the two output blocks too)."""
+    stock, ours = VllmBlockPool(3), PolicyBlockPool(3, LRU())
+    for pool in (stock, ours):
+        pool.access(make_rb([3, 4, 5]), 0.0)
+        pool.acquire(make_rb([9], index=1), 1.0)
+        lease = pool.acquire(make_rb([1], index=2), 2.0)
+        pool.extend(lease, make_rb([1, 2, 3], index=2), 1, 3.0)
+    assert ours.stats == stock.stats and stock.stats.uncached_blocks == 1
+
+
+def test_a_decoded_block_back_from_the_ghost_list_is_the_policys_not_a_reported_hit():
+    """Pool of 5 (4 usable; a ghost list of 5 evictions), adaptive_semantic (learns from its
+    ghost list): [1, 2] is cached, then evicted by [7, 8, 9, 10]; [1] comes back as a prompt
+    (a reported ghost hit) and decodes into [1, 2] (a ghost hit the policy hears of, not
+    reported: vLLM's pool reports prompt blocks only)."""
+    pool = make_vllm_pool(5, "adaptive_semantic")
+    pool.access(make_rb([1, 2]), 0.0)
+    pool.access(make_rb([7, 8, 9, 10], index=1), 1.0)
+    lease = pool.acquire(make_rb([1], index=2), 2.0)
+    assert pool.stats.ghost_hits == pool.order.ghost_hits == 1
+    pool.extend(lease, make_rb([1, 2], index=2), 1, 3.0)
+    assert pool.stats.ghost_hits == 1 and pool.order.ghost_hits == 2
+
+
+@pytest.mark.parametrize("policy", ["lru", "adaptive_semantic"])
+def test_replay_runs_the_policy_ordered_pool(policy):
+    """``replay_one`` reads the cache's ghost list; the policy pool's is its free order's
+    (replaying it used to raise AttributeError). With lru it replays as stock vLLM does."""
+    tr = compile_trace(trace(3), 32)
+    stock = replay_one(tr, "vllm", 40, progress=False)
+    ours = replay_one(tr, "vllm", 40, params={"eviction": policy}, progress=False)
+    assert ours["requests"] == stock["requests"] == len(tr)
+    if policy == "lru":
+        drop = {"replay_seconds", "policy", "params"}
+        assert {k: v for k, v in ours.items() if k not in drop} == {
+            k: v for k, v in stock.items() if k not in drop
+        }
+        assert ours["ghost_hits"] is None  # lru keeps no ghost list
+    else:
+        assert isinstance(ours["ghost_hits"], int)
 
 
 def test_duplicates_are_kept_and_the_oldest_is_looked_up():

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
-from skv.cache.block import CacheStats, Counters, Lease, new_lease
+from skv.cache.block import CacheStats, Counters, GhostList, Lease, new_lease
 from skv.cache.free_order import FreeOrder
 from skv.cache.vllm_pool import flat_admission_need
 
@@ -57,6 +57,11 @@ class PolicyBlockPool:
 
     def __len__(self) -> int:
         return len(self.order.blocks)
+
+    @property
+    def ghost(self) -> GhostList:
+        """The policy's ghost list (capacity 0 unless the policy learns from one)."""
+        return self.order.ghost
 
     @property
     def usable_blocks(self) -> int:
@@ -132,12 +137,11 @@ class PolicyBlockPool:
         for i in range(start, len(rb.keys)):
             if i >= len(held):
                 if self._nfree == 0:
-                    self.counters.uncached += len(rb.keys) - i
-                    return
+                    return  # the engine would preempt; only prompts count as uncached
                 held.append(self._take(now))
             blk = held[i]
             if self.hash[blk] is None and rb.tokens[i] == bs:
-                self._hash_block(blk, rb, i, rb.keys[i], bs, now)
+                self._hash_block(blk, rb, i, rb.keys[i], bs, now, count=False)
 
     def release(self, lease: Lease, now: float) -> None:
         """Free tail first, as vLLM does."""
@@ -177,8 +181,17 @@ class PolicyBlockPool:
         return blk
 
     def _hash_block(
-        self, blk: int, rb: RequestBlocks, i: int, key: object, tokens: int, now: float
+        self,
+        blk: int,
+        rb: RequestBlocks,
+        i: int,
+        key: object,
+        tokens: int,
+        now: float,
+        count: bool = True,
     ) -> None:
+        """``count``: a prompt block (its ghost hit is reported, as ``VllmBlockPool`` reports
+        prompt blocks only; the policy hears of every ghost hit either way)."""
         self.hash[blk] = key
         if key in self.cached:
             self._copies.setdefault(key, []).append(blk)
@@ -186,7 +199,8 @@ class PolicyBlockPool:
             self.cached[key] = blk
         ghosts = self.order.ghost_hits
         self.order.hashed(blk, key, tokens, rb.stypes[i], i, rb, self.ref[blk], now)
-        self.counters.ghost_hits += self.order.ghost_hits - ghosts
+        if count:
+            self.counters.ghost_hits += self.order.ghost_hits - ghosts
 
     def _drop_hash(self, blk: int) -> None:
         key = self.hash[blk]

@@ -583,6 +583,7 @@ CURVE_COLUMNS = [
     "method",
     "policy",
     "sample_rate",
+    "sample_unit",
     "capacity_blocks",
     "capacity_fraction",
     "sample_capacity_blocks",
@@ -620,11 +621,21 @@ def capacity_curve(
     #: needs two blocks); SHARDS rows start where the scaled cache has that many
     coarse = {r: curve_grid(u, sample_points, low=math.ceil(16 / r)) for r in rates}
 
-    def row(method: str, policy: str, rate: float, cap: int, scap: int, bhr: float, thr: float):
+    def row(
+        method: str,
+        policy: str,
+        rate: float,
+        cap: int,
+        scap: int,
+        bhr: float,
+        thr: float,
+        unit: str = "",
+    ):
         return {
             "method": method,
             "policy": policy,
             "sample_rate": rate,
+            "sample_unit": unit,
             "capacity_blocks": cap,
             "capacity_fraction": cap / u if u else 0.0,
             "sample_capacity_blocks": scap,
@@ -652,6 +663,7 @@ def capacity_curve(
                         r["sample_capacity_blocks"],
                         r["block_hit_rate"],
                         r["token_hit_rate"],
+                        sample.unit if sample.unit != "auto" else f"depth {sample.depth}",
                     )
                 )
     if belady_points > 0 and u:

@@ -283,6 +283,11 @@ def test_cli_writes_the_curve_with_both_methods_and_belady(tmp_path, capsys):
     for r in rows:  # SHARDS at rate 1 is the full lru replay, i.e. the exact curve
         if r["method"] == "shards" and r["policy"] == "lru" and float(r["sample_rate"]) == 1:
             assert r["token_hit_rate"] == exact[int(r["capacity_blocks"])]["token_hit_rate"]
+    units = {(r["method"], r["sample_rate"], r["sample_unit"]) for r in rows}
+    assert {u for m, _r, u in units if m != "shards"} == {""}  # not sampled
+    # a tiny trace has too few units for whole ones at 0.5: per key; at rate 1, whole ones
+    assert {u for m, r, u in units if m == "shards" and float(r) == 0.5} == {"block"}
+    assert {u for m, r, u in units if m == "shards" and float(r) == 1}.pop().startswith("depth ")
     assert (out / "capacity_curve.png").stat().st_size > 0
     meta = json.loads((out / "capacity_curve.json").read_text())["meta"]
     assert meta["sample_rates"] == [1.0, 0.5]

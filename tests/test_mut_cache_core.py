@@ -155,6 +155,19 @@ def test_a_policy_that_does_not_say_it_learns_from_ghosts_gets_no_ghost_list():
     assert BlockCache(3, Learns()).ghost.capacity == 3
 
 
+def test_a_policy_pool_for_a_policy_that_does_not_say_it_learns_from_ghosts_has_no_ghosts():
+    """The vLLM pool ordered by a policy reads the same flag (its ghost list is the free
+    order's): none without it, one as large as the pool with it."""
+    from skv.cache.policy_pool import PolicyBlockPool
+
+    assert PolicyBlockPool(3, NoGhostFlag()).ghost.capacity == 0
+
+    class Learns(LRU):
+        uses_ghost_list = True
+
+    assert PolicyBlockPool(3, Learns()).ghost.capacity == 3
+
+
 def test_a_nameless_policy_that_is_not_leaf_only_is_named_by_its_class():
     with pytest.raises(
         ValueError, match=r"^policy 'NamelessAnywhere' is not leaf-only; BlockCache needs one$"

@@ -9,8 +9,9 @@ For each real trace found (Mooncake conversation; the Claude Code sessions in ``
    request's blocks made recent head to tail), so its hit rates differ slightly: a speed
    reference, not an oracle.
 2. SHARDS (:func:`skv.mrc.shards_curve`) at R = 0.1 and 0.01, for ``lru``, ``vllm`` and
-   ``adaptive_semantic``, with the default unit (sessions when the trace has them, else the
-   block at the auto depth; shared trunk kept whole) and per-key sampling (``unit="block"``):
+   ``adaptive_semantic``, with whole units (``unit="auto", min_units=0``: sessions when the
+   trace has them, else the block at the auto depth; shared trunk kept whole) and per-key
+   sampling (``unit="block"``):
    max absolute token-hit-rate error over five capacities vs the full replays, in points
    (mean and worst over three seeds), and the speed-up of the sampled replays (sampling
    included) over the full ones.
@@ -112,13 +113,15 @@ def bench_shards(trace: list, unique: int, seeds: int) -> list[dict[str, Any]]:
             for c in caps
         ]
         t_full = time.perf_counter() - t0
-        for unit in ("auto", "block"):
+        for unit in ("auto", "block"):  # auto with min_units=0: whole units at every rate
             for rate in RATES:
                 errs, times, kept = [], [], []
                 for seed in range(seeds):
                     t0 = time.perf_counter()
-                    source = compact if unit == "block" else trace
-                    sample = sample_trace(source, rate, seed=seed, unit=unit)
+                    if unit == "block":
+                        sample = sample_trace(compact, rate, seed=seed, unit="block")
+                    else:
+                        sample = sample_trace(trace, rate, seed=seed, unit="auto", min_units=0)
                     if not sample.trace:
                         errs.append(float("nan"))
                         continue

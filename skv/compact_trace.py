@@ -45,7 +45,9 @@ PART_ACCESSES = 1 << 20
 class CompactTrace(Sequence[RequestBlocks]):
     """An immutable, sequence-like compiled trace; see the module docstring."""
 
-    def __init__(self, blocks: Iterable[RequestBlocks]) -> None:
+    def __init__(self, blocks: Iterable[RequestBlocks], *, drop_next_use: bool = False) -> None:
+        """``drop_next_use``: store requests that carry next-use annotations (a list a Belady
+        replay annotated), without them; else such a request is refused."""
         index, arrival, turn, templated, block_size, prompt = (
             array("q"), array("d"), array("q"), array("b"), array("q"), array("q"))  # fmt: skip
         self._sessions: list[str | None] = []
@@ -57,7 +59,7 @@ class CompactTrace(Sequence[RequestBlocks]):
         }
         last: dict[str | None, tuple[int, list]] = {}
         for rb in blocks:
-            if rb.next_use is not None:
+            if rb.next_use is not None and not drop_next_use:
                 raise ValueError("CompactTrace drops next_use; offline policies need a list")
             i = len(index)
             index.append(rb.index)
@@ -74,7 +76,12 @@ class CompactTrace(Sequence[RequestBlocks]):
             pred.append(p)
             shared.append(same)
             n_keys.append(len(keys))
-            new_keys.extend(keys[same:])
+            try:
+                new_keys.extend(keys[same:])
+            except (OverflowError, TypeError):
+                raise ValueError(
+                    f"request {rb.index}: block keys must be ints in [0, 2**64)"
+                ) from None
             chain_starts = _chain_starts(keys, rb.parents)
             if chain_starts is None:
                 raise ValueError(f"request {rb.index}: a parent that is not the previous key")
@@ -299,6 +306,8 @@ class CompactTrace(Sequence[RequestBlocks]):
 def _chain_starts(keys: list, parents: list) -> list[int] | None:
     """Where ``parents`` starts a chain (``None``), provided every other parent is the key
     before it (else ``None``). One chain, the usual case, is checked by two list compares."""
+    if len(parents) != len(keys):
+        return None
     if parents and parents[0] is None and parents[1:] == keys[:-1]:
         return [0]
     starts = [j for j, parent in enumerate(parents) if parent is None]

@@ -125,9 +125,20 @@ def test_what_compact_cannot_hold_is_refused():
     odd = RequestBlocks(0, 0.0, [5, 6], [None, 7], [4, 4], [0, 0], [8, 8], None, 0, False, 4)
     with pytest.raises(ValueError, match="not the previous key"):
         CompactTrace([odd])
+    longer = RequestBlocks(0, 0.0, [], [None], [], [], [], None, 0, False, 4)
+    with pytest.raises(ValueError, match="not the previous key"):
+        CompactTrace([longer])  # more parents than keys
+    for key in (-5, 2**64, b"\x01h"):  # a negative int, one past 64 bits, vLLM's bytes hash
+        bad = RequestBlocks(3, 0.0, [key], [None], [4], [0], [4], None, 0, False, 4)
+        with pytest.raises(
+            ValueError, match=r"request 3: block keys must be ints in \[0, 2\*\*64\)"
+        ):
+            CompactTrace([bad])
     rb.next_use = [1] * len(rb.keys)
     with pytest.raises(ValueError, match="next_use"):
         CompactTrace([rb])
+    kept = CompactTrace([rb], drop_next_use=True)  # a sample's use: the annotations go
+    assert kept[0].next_use is None and kept[0].keys == rb.keys
 
 
 def _cut_block_by_block(full: list[RequestBlocks], keep_key) -> list[RequestBlocks]:

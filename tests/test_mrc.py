@@ -198,6 +198,22 @@ def test_a_per_key_sample_scales_the_cache_by_its_share_of_the_keys():
     assert whole.key_share is None and whole.scale == 0.3
 
 
+def test_a_trace_a_belady_replay_annotated_samples_as_before():
+    """Belady annotates next uses on the list in place; a per-key sample ignores them."""
+    trace = compile_trace(make_workload("multi_turn_chat", seed=2, num_requests=120))
+    before = sample_trace(trace, 0.3, seed=1, unit="block")
+    replay_one(trace, "belady", 50, progress=False)
+    assert trace[0].next_use is not None
+    assert sample_trace(trace, 0.3, seed=1, unit="block").trace == before.trace
+
+
+def test_an_empty_per_key_share_is_a_share_of_zero():
+    from skv.mrc import Sample
+
+    assert Sample([], 0.5, "block", 0, 0, key_share=0.0).scale == 0.0
+    assert Sample([], 0.5, "session", 0, 0).scale == 0.5
+
+
 def test_per_key_sample_of_a_list_equals_that_of_its_compact_trace():
     from skv.compact_trace import CompactTrace
 
@@ -210,6 +226,16 @@ def test_per_key_sample_of_a_list_equals_that_of_its_compact_trace():
         assert 0.3 * rate < kept < 3 * rate
 
 
+def _upto_sessions(trace: list[RequestBlocks], n: int) -> int:
+    """The length of ``trace``'s shortest prefix that holds ``n`` distinct sessions."""
+    seen: set = set()
+    for i, rb in enumerate(trace):
+        seen.add(rb.session)
+        if len(seen) == n:
+            return i + 1
+    raise AssertionError(f"fewer than {n} sessions")
+
+
 def test_auto_samples_per_key_when_too_few_units_would_come_in():
     """Whole units need enough of them in the sample: ``rate * units >= min_units``."""
     trace = compile_trace(make_workload("multi_turn_chat", seed=2, num_requests=300))
@@ -220,6 +246,11 @@ def test_auto_samples_per_key_when_too_few_units_would_come_in():
     assert sample_trace(trace, rate, seed=5, min_units=at_edge + 1).unit == "block"
     whole = sample_trace(trace, rate, seed=5, min_units=at_edge - 1)
     assert whole.unit == "session" and whole.key_share is None
+    even = sessions - sessions % 2  # rate 0.5 of an even count: exactly at the threshold
+    assert sample_trace(trace[: _upto_sessions(trace, even)], 0.5, seed=5,
+                        min_units=even // 2).unit == "session"  # fmt: skip
+    assert sample_trace(trace[: _upto_sessions(trace, even)], 0.5, seed=5,
+                        min_units=even // 2 + 1).unit == "block"  # fmt: skip
     assert sample_trace(trace, 1.0, seed=5).unit == "session"  # rate 1: everything, whole
     flat = compile_trace(_hash_id_trace(1, n=200))  # no sessions: prefix trees at depth 2
     assert sample_trace(flat, 0.25, seed=0).unit == "block"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 import yaml
 
@@ -246,6 +247,10 @@ def test_a_bad_view_name_is_a_clear_error():
         SimRouting("round_robin", {}, _replicas(1, 8), "approx")
     with pytest.raises(ValueError, match="router_cache_blocks must be >= 1"):
         SimConfig(router_view="approximate", router_cache_blocks=0)
+    with pytest.raises(ValueError, match="unknown router view 'approx'; known: exact, approx"):
+        ReplicaSpec(count=2, router="prefix_locality", view="approx")
+    with pytest.raises(ValueError, match="greater than or equal to 1"):
+        ReplicaSpec(count=2, router="prefix_locality", cache_blocks=0)
 
 
 @pytest.mark.parametrize(
@@ -255,17 +260,15 @@ def test_a_bad_view_name_is_a_clear_error():
      ({"replicas": 1.5}, "replicas must be a whole number"),
      ({"replicas": True}, "replicas must be a whole number"),
      ({"sample_every_s": -1.0}, "sample_every_s must be >= 0"),
-     ({"sample_every_s": float("nan")}, "sample_every_s must be >= 0")],
+     ({"sample_every_s": float("nan")}, "sample_every_s must be >= 0"),
+     ({"sample_every_s": "1"}, "sample_every_s must be >= 0")],
 )  # fmt: skip
 def test_a_cluster_without_replicas_or_a_sampling_period_is_refused(kw, msg):
     """Zero replicas used to end in a ZeroDivisionError inside the router."""
     with pytest.raises(ValueError, match=msg):
         SimConfig(**kw)
     SimConfig(replicas=1, sample_every_s=0.0)  # the edges that are fine
-    with pytest.raises(ValueError, match="unknown router view 'approx'; known: exact, approx"):
-        ReplicaSpec(count=2, router="prefix_locality", view="approx")
-    with pytest.raises(ValueError, match="greater than or equal to 1"):
-        ReplicaSpec(count=2, router="prefix_locality", cache_blocks=0)
+    assert SimConfig(replicas=np.int64(3)).replicas == 3  # a numpy count is a count
 
 
 # ----------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,12 +36,19 @@ class SimConfig:
         from skv.sim.routers import check_view
 
         check_view(self.router_view)
-        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int):
-            raise ValueError(f"replicas must be a whole number >= 1, got {self.replicas!r}")
+        try:  # a whole number (numpy's too), not a bool
+            if isinstance(self.replicas, bool):
+                raise TypeError
+            self.replicas = operator.index(self.replicas)
+        except TypeError:
+            raise ValueError(
+                f"replicas must be a whole number >= 1, got {self.replicas!r}"
+            ) from None
         if self.replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {self.replicas}")
-        if not self.sample_every_s >= 0:  # NaN too; 0 samples at every event
-            raise ValueError(f"sample_every_s must be >= 0 seconds, got {self.sample_every_s!r}")
+        period = self.sample_every_s
+        if isinstance(period, bool) or not isinstance(period, int | float) or not period >= 0:
+            raise ValueError(f"sample_every_s must be >= 0 seconds, got {period!r}")  # NaN too
         if self.router_cache_blocks is not None and self.router_cache_blocks < 1:
             raise ValueError(
                 f"router_cache_blocks must be >= 1 or None, got {self.router_cache_blocks}"

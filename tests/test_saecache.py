@@ -120,6 +120,24 @@ def test_each_block_is_queued_by_its_request_and_output_blocks_evict_first(
     assert queues == [prefill_queue, prefill_queue, "evict_first"]
 
 
+def test_an_answer_is_queued_and_evicts_as_its_own_request_at_its_own_time():
+    """Chat request A (session s: 2 blocks) is in flight when an untemplated single-turn
+    request B (evict-first: 1 block) comes and goes. A's answer then grows A: block 3 (the
+    prompt's last tokens completed by the answer, typed as the prompt) joins A's chat queue,
+    not B's; block 4 needs room in the 4-block cache, so the victim search runs at the
+    answer's time (B's released block goes)."""
+    cache = BlockCache(4, SAECache(), record_evictions=True)
+    lease = cache.acquire(rq([1, 2], 0.0, session="s"), 0.0)
+    cache.access(rq([9], 1.0, index=1), 1.0)
+    types = [ST.USER_QUERY, ST.USER_QUERY, ST.USER_QUERY, ST.OUTPUT]
+    cache.extend(lease, rq([1, 2, 3, 4], 2.0, stypes=types, session="s"), 2, 2.0)
+    pol = cache.policy
+    assert pol.queue_of(cache.blocks[3]) == "chat"
+    assert pol.queue_of(cache.blocks[4]) == "evict_first"  # output blocks
+    assert cache.eviction_log == [(2.0, 9, TYPE_INDEX[ST.USER_QUERY], "capacity")]
+    assert set(cache.blocks) == {1, 2, 3, 4}
+
+
 def test_an_untemplated_single_turn_block_moves_to_structural_once_reused():
     for promote, queues in (
         (1, ["evict_first", "structural", "structural"]),

@@ -31,6 +31,7 @@ import pytest
 from scipy import special, stats
 
 from skv.blocks import RequestBlocks, compile_trace
+from skv.cache.block import Block
 from skv.cache.radix import BlockCache
 from skv.model import TYPE_INDEX, TYPES, SemanticType
 from skv.policies.adaptive_semantic import AdaptiveSemantic
@@ -136,6 +137,34 @@ def test_an_answer_is_queued_and_evicts_as_its_own_request_at_its_own_time():
     assert pol.queue_of(cache.blocks[4]) == "evict_first"  # output blocks
     assert cache.eviction_log == [(2.0, 9, TYPE_INDEX[ST.USER_QUERY], "capacity")]
     assert set(cache.blocks) == {1, 2, 3, 4}
+
+
+def test_a_structural_block_keeps_its_level_when_its_request_view_grows():
+    """The vLLM plugin grows a request's view in place as it decodes (``grow_view``), so the
+    request a block was inserted by gets longer. A Structural block keeps the group it got:
+    block 2 of a 2-block templated request is at level 1 * 16 // 2 = 8, and a later hit by
+    another Structural request leaves it there (recomputing would give 16 // 4 = 4)."""
+
+    def req(i: int, keys: list[int]) -> RequestBlocks:  # templated, no session: Structural
+        n = len(keys)
+        return RequestBlocks(i, float(i), list(keys), [None, *keys[:-1]], [16] * n, [0] * n,
+                             [32] * n, None, 0, True, 16)  # fmt: skip
+
+    p = SAECache()
+    rb = req(0, [1, 2])
+    p.on_request(rb, 0.0)
+    b0 = Block(1, None, 16, 0, 0, rb, 0.0)
+    b0.ref = 1
+    p.on_insert(b0, 0.0)
+    b1 = Block(2, b0, 16, 0, 1, rb, 0.0)
+    b1.ref = 1
+    p.on_insert(b1, 0.0)
+    assert p.structural_level(b1) == 8
+    rb.keys += [3, 4]  # what grow_view does: the decoded blocks join the same view
+    p.on_request(req(1, [1, 2]), 1.0)
+    b1.hits += 1
+    p.on_hit(b1, 1.0)
+    assert p.structural_level(b1) == 8
 
 
 def test_an_untemplated_single_turn_block_moves_to_structural_once_reused():

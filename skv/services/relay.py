@@ -40,6 +40,7 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from skv.services._common import openai_error
+from skv.vllm.client import KEEPALIVE_S
 
 #: characters of an upstream error body kept (client message; unredacted traces)
 ERROR_BODY_CHARS = 500
@@ -55,12 +56,10 @@ DEFAULT_FIRST_BYTE_TIMEOUT_S = 60.0
 DEFAULT_TOTAL_TIMEOUT_S = 600.0
 
 
-#: seconds an idle upstream connection is kept for reuse. Well under the 5 s after which uvicorn
-#: (and so vLLM's API server) closes an idle connection: with equal limits a request can be sent
-#: on a connection its server is just closing (the pool checks for a close only when it picks the
-#: connection), and it fails with no response (the client sees a 502; a router would count it
-#: against the replica)
-UPSTREAM_KEEPALIVE_S = 2.0
+#: seconds an idle upstream connection is kept for reuse: the harness client's limit (see
+#: :data:`skv.vllm.client.KEEPALIVE_S`); a request sent on a connection its server is closing
+#: fails with no response (the client sees a 502; a router would count it against the replica)
+UPSTREAM_KEEPALIVE_S = KEEPALIVE_S
 
 
 @dataclass(frozen=True)

@@ -77,8 +77,11 @@ class RequestResult:
         return d
 
 
-#: seconds an idle connection is kept: under vLLM's (uvicorn's) 5 s idle close, so that no request
-#: is sent on a connection the server is just closing (it would fail with no response)
+#: seconds an idle connection is kept for reuse (this client's, and the proxy's and router's
+#: upstream connections'). Well under the 5 s after which uvicorn (and so vLLM's API server)
+#: closes an idle connection: with equal limits a request can be sent on a connection its
+#: server is just closing (the pool checks for a close only when it picks the connection), and
+#: it fails with no response
 KEEPALIVE_S = 2.0
 
 

@@ -390,14 +390,11 @@ def sample_trace(
         raise ValueError("sample_trace: empty trace (no requests)")
     if unit not in UNITS:
         raise ValueError(f"unit must be one of {', '.join(UNITS)}, got {unit!r}")
-    if unit == "block":
+    if samples_per_key(trace, rate, unit, min_units):
         return _sample_blocks(trace, rate, seed)
     sessions = {rb.session for rb in trace} - {None}
     by_session = unit == "session" or (unit == "auto" and len(sessions) >= 2)
-    depth, units = (0, len(sessions)) if by_session or unit != "auto" else auto_depth(trace)
-    if unit == "auto" and rate < 1.0 and rate * units < min_units:
-        log.info("%d units at rate %g: fewer than %d sampled, so per-key", units, rate, min_units)
-        return _sample_blocks(trace, rate, seed)
+    depth = 0 if by_session or unit != "auto" else auto_depth(trace)[0]
     shared = _cross_session_keys(trace) if by_session else set()
     threshold = math.floor(rate * 2**64)
     kept: list[RequestBlocks] = []
@@ -442,6 +439,26 @@ def sample_trace(
         len(trace),
     )
     return Sample(kept, rate, unit, depth, len(trunk))
+
+
+def samples_per_key(
+    trace: Sequence[RequestBlocks], rate: float, unit: str = "auto", min_units: int = AUTO_MIN_UNITS
+) -> bool:
+    """Whether :func:`sample_trace` samples ``trace`` per key at ``rate`` with this ``unit``:
+    always for ``"block"``; for ``"auto"`` when fewer than ``min_units`` whole units (sessions
+    when the trace has two or more, else prefix trees at :func:`auto_depth`) would come in.
+    A caller that knows it will can pass a :class:`~skv.compact_trace.CompactTrace` built once
+    (with ``unit="block"``) instead of the list, whose per-key sample would build one each time."""
+    if unit == "block":
+        return True
+    if unit != "auto" or rate >= 1.0:
+        return False
+    sessions = {rb.session for rb in trace} - {None}
+    units = len(sessions) if len(sessions) >= 2 else auto_depth(trace)[1]
+    if rate * units >= min_units:
+        return False
+    log.info("%d units at rate %g: fewer than %d sampled, so per-key", units, rate, min_units)
+    return True
 
 
 def _cross_session_keys(trace: Sequence[RequestBlocks]) -> set:
@@ -650,8 +667,16 @@ def capacity_curve(
         row("exact_lru", "lru", 1.0, c, c, curve.block_hit_rate(c), curve.token_hit_rate(c))
         for c in grid
     ]
+    compact = None  # built once, for the first rate sampled per key
     for rate in rates:
-        sample = sample_trace(trace, rate, seed=seed, unit=unit)
+        source, rate_unit = trace, unit
+        if samples_per_key(trace, rate, unit):
+            if compact is None:
+                from skv.compact_trace import CompactTrace
+
+                compact = CompactTrace(trace, drop_next_use=True)
+            source, rate_unit = compact, "block"
+        sample = sample_trace(source, rate, seed=seed, unit=rate_unit)
         if not sample.trace:
             log.warning("sample rate %g kept no request: no SHARDS rows at this rate", rate)
             continue

@@ -123,6 +123,25 @@ def _gap_sweep():
     )
 
 
+def _sampling_figure():
+    """The SHARDS accuracy figure on a real (small) sweep of a synthetic trace: two traces x
+    two rates, so every panel of the grid is drawn."""
+    import pandas as pd
+
+    from skv.experiments.replay import sampling as S
+    from skv.replay import compile_trace
+    from skv.workloads import make_workload
+
+    trace = compile_trace(make_workload("multi_turn_chat", seed=1, num_requests=150))
+    rows = [
+        row
+        for label in ("chat A", "chat B")
+        for policy in ("lru", "vllm")
+        for row in S.accuracy_rows(trace, label, policy, ["5%", "20%"], [0.5, 0.2], [0, 1])
+    ]
+    return S.accuracy_figure(pd.DataFrame(rows), "Sampling accuracy")
+
+
 def _paper_figures(docs: list[dict], curve) -> dict[str, object]:
     fid, routing = _engine_results()
     return {
@@ -139,6 +158,7 @@ def _paper_figures(docs: list[dict], curve) -> dict[str, object]:
         "fidelity_figure": fidelity_figure(fid),
         "routing_figure": routing_figure(routing),
         "gap_figure": gap_figure(_gap_sweep(), "Session gap", 30.0),
+        "accuracy_figure": _sampling_figure(),
         **_repurpose_figures(),
         **_saecache_figures(),
         **_cacheroute_figures(),
@@ -357,6 +377,7 @@ def test_every_figure_function_is_covered_here():
         "fidelity_figure",
         "routing_figure",
         "gap_figure",
+        "accuracy_figure",
         "hit_rate_figure",
         "ttft_figure",
         "ttft_ratio_figure",

@@ -153,6 +153,17 @@ STEPS: dict[str, Step] = {
             needs_traces=("weka_cc",),
         ),
         Step(
+            "fig_sampling_accuracy",
+            "replay",
+            "experiments/replay/sampling_accuracy.yaml",
+            (
+                *_fig("fig_sampling_accuracy"),
+                "tables/sampling_accuracy.csv",
+                "tables/sampling_accuracy.tex",
+            ),
+            needs_traces=("weka_cc", "mooncake/conversation_trace.jsonl"),
+        ),
+        Step(
             "tab_saecache_grid",
             "saecache",
             "experiments/saecache/grid",

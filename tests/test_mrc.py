@@ -194,8 +194,8 @@ def test_a_per_key_sample_scales_the_cache_by_its_share_of_the_keys():
         assert s.key_share == pytest.approx(held / unique) and s.scale == s.key_share
         assert s.key_share != rate  # a finite sample: not exactly the rate
         assert scaled_capacity(1000, s) == round(held / unique * 1000)
-    whole = sample_trace(trace, 0.3, seed=1, min_units=0)  # whole sessions: the nominal rate
-    assert whole.key_share is None and whole.scale == 0.3
+    whole = sample_trace(trace, 0.3, seed=1, min_units=0)  # whole sessions: their own share
+    assert whole.unit == "session" and whole.scale == whole.key_share != 0.3
 
 
 def test_a_trace_a_belady_replay_annotated_samples_as_before():
@@ -245,7 +245,7 @@ def test_auto_samples_per_key_when_too_few_units_would_come_in():
     at_edge = math.ceil(rate * sessions)
     assert sample_trace(trace, rate, seed=5, min_units=at_edge + 1).unit == "block"
     whole = sample_trace(trace, rate, seed=5, min_units=at_edge - 1)
-    assert whole.unit == "session" and whole.key_share is None
+    assert whole.unit == "session" and whole.key_share is not None
     even = sessions - sessions % 2  # rate 0.5 of an even count: exactly at the threshold
     assert sample_trace(trace[: _upto_sessions(trace, even)], 0.5, seed=5,
                         min_units=even // 2).unit == "session"  # fmt: skip
@@ -276,7 +276,8 @@ def test_scaled_capacity_keeps_the_shared_trunk_whole():
     s = sample_trace(trace, 0.25, seed=0, min_units=0)
     assert s.depth == 2  # blocks 1, 2 are one system prompt for everyone: the trunk
     assert s.shared_blocks == 2
-    assert scaled_capacity(102, s) == round(0.25 * 100) + 2
+    assert scaled_capacity(102, s) == round(s.key_share * 100) + 2
+    assert s.key_share != 0.25  # the sample's own share of the non-trunk keys
     assert scaled_capacity(1, s) == 1
 
 

@@ -84,47 +84,73 @@ def _count_builds(monkeypatch, module) -> list:
     return built
 
 
+def _rows(errs: dict, **extra) -> pd.DataFrame:
+    """Hand-made sweep rows: errs maps (seed, capacity) to the scaled estimate's error."""
+    base = {"trace": "t", "policy": "lru", "rate": 0.1, "unit": "block"}
+    return pd.DataFrame(
+        [
+            base
+            | {
+                "seed": seed,
+                "capacity": cap,
+                "sample_capacity_blocks": 100,
+                "full_token_hit_rate": 0.5,
+                "sampled_token_hit_rate": 0.5 + e,
+                "rate_scaled_token_hit_rate": 0.5,
+                "sample_prompt_tokens": 120,
+                "full_prompt_tokens": 1000,
+            }
+            | extra
+            for (seed, cap), e in errs.items()
+        ]
+    )
+
+
 def test_summary_reads_signs_and_worst_seeds():
     """Two seeds, two capacities, known errors: the max |error| per seed, the worst seed, the
     mean signed error and the bar verdict come out as computed by hand."""
-    base = {"trace": "t", "policy": "lru", "rate": 0.1, "unit": "block"} | {
-        "full_token_hit_rate": 0.5
-    }
     errs = {(0, "1%"): -0.02, (0, "10%"): 0.01, (1, "1%"): -0.004, (1, "10%"): -0.006}
-    df = pd.DataFrame(
-        [
-            {
-                **base,
-                "seed": s,
-                "capacity": c,
-                "sampled_token_hit_rate": 0.5 + e,
-                "sample_prompt_tokens": 100,
-                "full_prompt_tokens": 1000,
-            }
-            for (s, c), e in errs.items()
-        ]
-    )
+    df = _rows(errs)
     assert S.per_seed_max_error(df, "t", "lru", 0.1) == pytest.approx([2.0, 0.6])
     assert S.mean_signed_error(df, "t", "lru", 0.1) == pytest.approx([-0.5, -0.5])
-    row = S.summary(df).set_index("estimate").loc["scaled"]
+    table = S.summary(df).set_index("estimate")
+    row = table.loc["scaled"]
     assert row["max_error_pts"] == pytest.approx(1.3)
     assert row["worst_seed_pts"] == pytest.approx(2.0)
     assert row["signed_error_pts"] == pytest.approx(-0.5)
+    assert row["signed_ci95_low"] == pytest.approx(-0.5) and row["empty_seeds"] == 0
     assert not row["within_bar"]
-    # adjusted: 1 - misses / (R x full refs) = 1 - 100 (1 - h) / 100 = h here (share exactly R)
-    adj = S.summary(df).set_index("estimate").loc["adjusted"]
-    assert adj["max_error_pts"] == pytest.approx(1.3)
+    # adjusted: 1 - 120 x 0.5 / (0.1 x 1000) = 0.4 at every row, 10 points below the full 0.5
+    adj = table.loc["adjusted"]
+    assert adj["max_error_pts"] == pytest.approx(10.0)
+    assert adj["signed_error_pts"] == pytest.approx(-10.0)
+
+
+def test_small_sample_caches_and_empty_samples_do_not_pass_for_accuracy():
+    """Rows whose sample cache is under MIN_SAMPLE_CACHE blocks are left out of the errors; a
+    seed whose sample kept nothing is counted as empty and fails the bar, not skipped."""
+    errs = {(0, "1%"): 0.001, (0, "10%"): 0.002, (1, "1%"): 0.0, (1, "10%"): 0.0}
+    df = _rows(errs)
+    df.loc[(df["seed"] == 0) & (df["capacity"] == "1%"), "sample_capacity_blocks"] = 15
+    df.loc[(df["seed"] == 0) & (df["capacity"] == "1%"), "sampled_token_hit_rate"] = 0.9
+    df.loc[df["seed"] == 1, "sampled_token_hit_rate"] = float("nan")
+    row = S.summary(df).set_index("estimate").loc["scaled"]
+    assert row["max_error_pts"] == pytest.approx(0.2)  # the 15-block row's 40 points left out
+    assert row["seeds"] == 1 and row["empty_seeds"] == 1
+    assert not row["within_bar"]
 
 
 def test_the_adjusted_estimate_counts_the_full_traces_references():
-    """SHARDS-adj: a per-key sample holding fewer references than R x the full count (a hot key
-    left out) has its missing references counted as hits; whole-unit samples get none."""
+    """SHARDS-adj: the sample replayed at R x the capacity; a per-key sample holding fewer
+    references than R x the full count (a hot key left out) has the missing ones counted as
+    hits; whole-unit samples get none."""
     df = pd.DataFrame(
         [
             {
                 "rate": 0.1,
                 "unit": unit,
-                "sampled_token_hit_rate": 0.5,
+                "sampled_token_hit_rate": 0.7,
+                "rate_scaled_token_hit_rate": 0.5,
                 "sample_prompt_tokens": 80,
                 "full_prompt_tokens": 1000,
             }
@@ -134,7 +160,7 @@ def test_the_adjusted_estimate_counts_the_full_traces_references():
     adjusted = S.estimate(df, "token_hit_rate", "adjusted")
     assert adjusted.iloc[0] == pytest.approx(1 - 40 / 100)
     assert math.isnan(adjusted.iloc[1])  # a whole-unit sample keeps its trunk: not R per key
-    assert list(S.estimate(df, "token_hit_rate", "scaled")) == [0.5, 0.5]
+    assert list(S.estimate(df, "token_hit_rate", "scaled")) == [0.7, 0.7]
     with pytest.raises(ValueError, match="estimate must be one of"):
         S.estimate(df, "token_hit_rate", "raw")
 
@@ -168,6 +194,7 @@ def test_the_table_is_the_same_in_this_process_and_in_worker_processes(
     there = S.run_config(cfg, jobs=2)
     assert len(here) == 2 * 2 * 2  # policies x seeds x capacities
     assert here.to_csv(index=False) == there.to_csv(index=False)
+    assert S.summary(here).to_csv(index=False) == S.summary(there).to_csv(index=False)
     quick = S.load_sampling_config(_config(tmp_path), quick=True)
     assert quick.seeds == [0]
 
@@ -184,6 +211,11 @@ def test_the_table_is_the_same_in_this_process_and_in_worker_processes(
         ({"seeds": [-1]}, "seeds"),
         ({"traces": [{"label": "a", "trace": "x"}, {"label": "a", "trace": "y"}]}, "label"),
         ({"extra_field": 1}, "extra_field"),
+        ({"seeds": [0, 0]}, "seeds: an entry is repeated"),
+        ({"capacities": ["1%", "1%"]}, "capacities: an entry is repeated"),
+        ({"quick": {"seeds": [-1]}}, "quick overrides: .*seeds"),
+        ({"quick": {"policies": ["belady"]}}, r"quick\.policies: \[0\] belady is offline"),
+        ({"quick": {"quick": {}}}, "quick.quick"),
     ],
 )
 def test_a_bad_config_names_the_field(tmp_path, over, message):
@@ -192,17 +224,66 @@ def test_a_bad_config_names_the_field(tmp_path, over, message):
     assert "sampling.yaml" in str(err.value)
 
 
-def test_a_bad_quick_override_says_so(tmp_path):
-    with pytest.raises(ConfigError, match=r"quick overrides: .*seeds"):
-        S.load_sampling_config(_config(tmp_path, quick={"seeds": []}), quick=True)
+def test_a_bad_quick_override_fails_the_full_run_too(tmp_path):
+    """A typo in quick: is found before the full run reads a trace, not at the next quick run."""
+    for quick in (True, False):
+        with pytest.raises(ConfigError, match=r"quick overrides: .*seeds"):
+            S.load_sampling_config(_config(tmp_path, quick={"seeds": []}), quick=quick)
 
 
-@pytest.mark.parametrize("rate", [1.0, 0.5, 0.2, 0.05, 0.01])
-@pytest.mark.parametrize("unit", ["auto", "block", "session", "root"])
-def test_samples_per_key_is_the_unit_sample_trace_uses(trace, rate, unit):
-    """The decision a caller reads before building a CompactTrace is sample_trace's own."""
-    sample = mrc.sample_trace(trace, rate, seed=1, unit=unit)
-    assert mrc.samples_per_key(trace, rate, unit) == (sample.unit == "block")
+def test_samples_per_key_follows_the_rule_it_documents(trace):
+    """The rule, stated here rather than read back from sample_trace (which calls it): "block"
+    is always per key; "session" and "root" never; "auto" is per key iff fewer than min_units
+    whole units (sessions, as this trace has) would come in; rate 1 keeps everything whole."""
+    names = sorted({rb.session for rb in trace} - {None})
+    names = names[: len(names) // 2 * 2]  # an even count: rate 0.5 brings in exactly half
+    trace = [rb for rb in trace if rb.session in set(names)]
+    sessions = len(names)
+    assert sessions >= 2
+    assert mrc.samples_per_key(trace, 0.5, "block") is True
+    assert mrc.samples_per_key(trace, 0.01, "session") is False
+    assert mrc.samples_per_key(trace, 0.01, "root") is False
+    assert mrc.samples_per_key(trace, 1.0, "auto") is False
+    edge = sessions // 2  # rate 0.5 brings in exactly this many sessions: enough
+    assert mrc.samples_per_key(trace, 0.5, "auto", min_units=edge) is False
+    assert mrc.samples_per_key(trace, 0.5, "auto", min_units=edge + 1) is True
+    assert mrc.sample_trace(trace, 0.5, unit="auto", min_units=edge).unit == "session"
+
+
+def test_samples_per_key_counts_prefix_trees_when_a_trace_has_no_sessions():
+    """Without sessions the units are prefix trees at auto_depth (here: every request its own
+    root, so one unit per request)."""
+    from skv.blocks import RequestBlocks
+
+    def rb(i: int) -> RequestBlocks:
+        keys = [10 * i + 1, 10 * i + 2]
+        return RequestBlocks(i, float(i), keys, [None, keys[0]], [4, 4], [0, 0], [8, 8], None, 0,
+                             False, 4)  # fmt: skip
+
+    trace = [rb(i) for i in range(300)]
+    assert mrc.auto_depth(trace) == (0, 300)
+    assert mrc.samples_per_key(trace, 0.5, "auto") is False  # 150 trees >= 100
+    assert mrc.samples_per_key(trace, 0.2, "auto") is True  # 60 < 100
+    assert mrc.sample_trace(trace, 0.5, unit="auto").unit == "auto"
+
+
+def test_a_whole_unit_sample_scales_its_cache_by_its_own_share_of_the_keys(trace):
+    """Sessions differ in size, so a whole-session sample's share of the distinct keys is
+    measured (not the rate), as a per-key sample's is."""
+    sample = mrc.sample_trace(trace, 0.5, seed=2, unit="session")
+    every = {k for r in trace for k in r.keys}
+    mine = {k for r in sample.trace for k in r.keys}
+    owners: dict = {}
+    for r in trace:
+        for k in r.keys:
+            owners.setdefault(k, set()).add(r.session)
+    trunk_all = {k for k, o in owners.items() if len(o) > 1}  # keys two sessions use
+    trunk_mine = trunk_all & mine
+    assert sample.shared_blocks == len(trunk_mine)
+    expected = (len(mine) - len(trunk_mine)) / (len(every) - len(trunk_all))
+    assert sample.key_share == pytest.approx(expected)
+    assert sample.key_share != pytest.approx(0.5, abs=1e-6)
+    assert sample.scale == sample.key_share
 
 
 def test_the_capacity_curve_builds_one_compact_trace_for_all_its_rates(trace, monkeypatch):

@@ -74,47 +74,69 @@ class SamplingConfig(BaseModel):
 
 
 def load_sampling_config(path: str | Path, *, quick: bool) -> SamplingConfig:
-    """The sweep's config, read by :func:`skv.experiments.config.read_yaml` (size bounds);
-    errors are ``ConfigError`` naming the file and the field (``quick.`` for an override), and
-    a bad policy, unit, metric or capacity fails here, before any trace is read."""
+    """The sweep's config, read by :func:`skv.experiments.config.read_yaml` (size bounds).
+    The file and its ``quick:`` overrides are both checked whatever ``quick`` is (a typo in
+    either fails every run); errors are ``ConfigError`` naming the file and the field, with
+    ``quick.`` before an override's. A bad policy, unit, metric or capacity, or a repeated
+    entry, fails here, before any trace is read."""
     from skv.experiments.config import ConfigError, _flatten, read_yaml
-    from skv.experiments.replay.capacity import _share
-    from skv.mrc import UNITS
-    from skv.policies.registry import OFFLINE, policy_class
 
     data = read_yaml(path, "sampling config") or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at top level, got {type(data).__name__}")
     try:
         cfg = SamplingConfig.model_validate(data)
-        if quick and cfg.quick:
-            where = "quick overrides: "
-            cfg = SamplingConfig.model_validate({**data, **cfg.quick, "quick": {}})
     except ValidationError as exc:
-        where = "quick overrides: " if quick and "cfg" in locals() else ""
-        raise ConfigError(f"{path}: {where}{_flatten(exc)}") from None
-    problems = []
-    for name in cfg.policies:
+        raise ConfigError(f"{path}: {_flatten(exc)}") from None
+    problems = _problems(cfg, "")
+    if "quick" in cfg.quick:
+        problems.append("quick.quick: quick overrides cannot hold quick overrides")
+    try:
+        fast = SamplingConfig.model_validate({**data, **cfg.quick, "quick": {}})
+    except ValidationError as exc:
+        problems.append(f"quick overrides: {_flatten(exc)}")
+    else:
+        problems += _problems(fast, "quick.", set(cfg.quick))
+    if problems:
+        raise ConfigError(f"{path}: " + "; ".join(problems))
+    return fast if quick else cfg
+
+
+def _problems(cfg: SamplingConfig, prefix: str, only: set[str] | None = None) -> list[str]:
+    """What is wrong with a validated config's values (``only``: just these fields)."""
+    from skv.experiments.replay.capacity import _share
+    from skv.mrc import UNITS
+    from skv.policies.registry import OFFLINE, policy_class
+
+    out = []
+
+    def bad(field: str, why: str) -> None:
+        if only is None or field in only:
+            out.append(f"{prefix}{field}: {why}")
+
+    for i, name in enumerate(cfg.policies):
         try:
             policy_class(name)
         except (KeyError, ValueError) as exc:
-            problems.append(f"policies: {exc}")
+            bad("policies", f"[{i}] {exc}")
         if name in OFFLINE:
-            problems.append(f"policies: {name} is offline (a sample has no next-use oracle)")
-    for spec in cfg.capacities:
+            bad("policies", f"[{i}] {name} is offline (a sample has no next-use oracle)")
+    for i, spec in enumerate(cfg.capacities):
         try:
             _share(spec)
         except ValueError as exc:
-            problems.append(f"capacities: {exc}")
+            bad("capacities", f"[{i}] {exc}")
+    for field in ("policies", "capacities", "rates", "seeds"):
+        values = getattr(cfg, field)
+        if len(set(values)) != len(values):
+            bad(field, "an entry is repeated")
     if cfg.unit not in UNITS:
-        problems.append(f"unit: {cfg.unit!r} is not one of {', '.join(UNITS)}")
+        bad("unit", f"{cfg.unit!r} is not one of {', '.join(UNITS)}")
     if cfg.metric not in METRICS:
-        problems.append(f"metric: {cfg.metric!r} is not one of {', '.join(METRICS)}")
+        bad("metric", f"{cfg.metric!r} is not one of {', '.join(METRICS)}")
     if len({t.label for t in cfg.traces}) != len(cfg.traces):
-        problems.append("traces: two traces share a label")
-    if problems:
-        raise ConfigError(f"{path}: " + "; ".join(problems))
-    return cfg
+        bad("traces", "two traces share a label")
+    return out
 
 
 def run_config(cfg: SamplingConfig, *, jobs: int | None = None) -> pd.DataFrame:
@@ -150,7 +172,10 @@ def accuracy_rows(
     unit: str = "auto",
 ) -> list[dict[str, Any]]:
     """One row per (rate, seed, capacity): the full replay's and the sample's block and token
-    hit rates of ``policy`` on ``trace`` (a compiled list), and the sample's size."""
+    hit rates of ``policy`` on ``trace`` (a compiled list), and the sample's size. The sample
+    replays its cache as :func:`skv.mrc.scaled_capacity` sizes it (``sampled_*``); a per-key
+    sample also replays a cache of R x the capacity (``rate_scaled_*``, SHARDS's own sizing,
+    what the ``adjusted`` estimate corrects). An empty sample's hit rates are NaN."""
     from skv.compact_trace import CompactTrace
     from skv.experiments.replay.capacity import _share
     from skv.mrc import sample_trace, samples_per_key, scaled_capacity
@@ -162,33 +187,40 @@ def accuracy_rows(
         spec: replay_one(trace, policy, cap, totals=totals, progress=False)
         for spec, cap in caps.items()
     }
+    nan = {"block_hit_rate": float("nan"), "token_hit_rate": float("nan")}
     compact = None
     rows: list[dict[str, Any]] = []
     for rate in rates:
         source, how = trace, unit
         if samples_per_key(trace, rate, unit):
-            compact = compact or CompactTrace(trace, drop_next_use=True)
+            if compact is None:
+                compact = CompactTrace(trace, drop_next_use=True)
             source, how = compact, "block"
         for seed in seeds:
             sample = sample_trace(source, rate, seed=int(seed), unit=how)
             stotals = trace_totals(sample.trace) if sample.trace else None
+            per_key = sample.unit == "block"
             for spec, cap in caps.items():
                 scap = scaled_capacity(cap, sample)
-                est = (
-                    replay_one(sample.trace, policy, scap, totals=stotals, progress=False)
-                    if sample.trace
-                    else {"block_hit_rate": float("nan"), "token_hit_rate": float("nan")}
-                )
+                rcap = max(1, round(rate * cap))
+                est, by_rate = nan, nan
+                if sample.trace:
+                    est = replay_one(sample.trace, policy, scap, totals=stotals, progress=False)
+                    if per_key:
+                        by_rate = replay_one(
+                            sample.trace, policy, rcap, totals=stotals, progress=False
+                        )
                 rows.append(
                     {
                         "trace": label,
                         "policy": policy,
                         "rate": float(rate),
                         "seed": int(seed),
-                        "unit": sample.unit,
+                        "unit": sample.unit if sample.unit != "auto" else f"depth {sample.depth}",
                         "capacity": spec,
                         "capacity_blocks": cap,
                         "sample_capacity_blocks": scap,
+                        "rate_scaled_capacity_blocks": rcap if per_key else None,
                         "sample_requests": len(sample.trace),
                         "sample_key_share": sample.key_share,
                         "full_block_accesses": totals.block_accesses,
@@ -199,31 +231,32 @@ def accuracy_rows(
                         "full_token_hit_rate": full[spec]["token_hit_rate"],
                         "sampled_block_hit_rate": est["block_hit_rate"],
                         "sampled_token_hit_rate": est["token_hit_rate"],
+                        "rate_scaled_block_hit_rate": by_rate["block_hit_rate"],
+                        "rate_scaled_token_hit_rate": by_rate["token_hit_rate"],
                     }
                 )
         log.info("%s %s: rate %g, %d seeds sampled", label, policy, rate, len(seeds))
     return rows
 
 
-#: how a sampled hit rate becomes an estimate: ``scaled`` = the sample's own hit rate (its cache
-#: scaled, :func:`skv.mrc.scaled_capacity`); ``adjusted`` = SHARDS-adj's reference-count
-#: correction, 1 - the sample's misses / (R x the full trace's references): the full count is
-#: known, so only the misses are estimated (each sampled with probability R). It needs every
-#: reference sampled with probability R, so it exists for per-key samples only (NaN for whole
-#: units, whose trunk is in every sample)
+#: how a sample becomes an estimate: ``scaled`` = the sample's hit rate with its cache sized by
+#: :func:`skv.mrc.scaled_capacity` (what ``skv replay --capacity-curve`` reports); ``adjusted``
+#: = SHARDS-adj: the sample replayed at R x the capacity, its misses counted against R x the
+#: full trace's references (known exactly, so only the misses are estimated, each reference
+#: sampled with probability R). ``adjusted`` needs that probability, so it exists for per-key
+#: samples only (NaN for whole units, whose trunk is in every sample).
 ESTIMATES = ("scaled", "adjusted")
 _REFS = {"token_hit_rate": "prompt_tokens", "block_hit_rate": "block_accesses"}
 
 
 def estimate(df: pd.DataFrame, metric: str = "token_hit_rate", how: str = "scaled") -> pd.Series:
     """The sampled rows' estimate of the full ``metric`` (see :data:`ESTIMATES`)."""
-    sampled = df[f"sampled_{metric}"]
     if how == "scaled":
-        return sampled
+        return df[f"sampled_{metric}"]
     if how != "adjusted":
         raise ValueError(f"estimate must be one of {', '.join(ESTIMATES)}, got {how!r}")
     refs = _REFS[metric]
-    misses = df[f"sample_{refs}"] * (1.0 - sampled)
+    misses = df[f"sample_{refs}"] * (1.0 - df[f"rate_scaled_{metric}"])
     adjusted = 1.0 - misses / (df["rate"] * df[f"full_{refs}"])
     return adjusted.where(df["unit"] == "block")
 
@@ -231,21 +264,32 @@ def estimate(df: pd.DataFrame, metric: str = "token_hit_rate", how: str = "scale
 def with_errors(
     df: pd.DataFrame, metric: str = "token_hit_rate", how: str = "scaled"
 ) -> pd.DataFrame:
-    """``df`` plus ``error_pts``: the estimate minus the full ``metric``, in points (signed)."""
-    out = df.copy()
-    out["error_pts"] = 100.0 * (estimate(df, metric, how) - out[f"full_{metric}"])
+    """The rows whose sample cache has at least :data:`skv.mrc.MIN_SAMPLE_CACHE` blocks (below
+    that a handful of blocks decide the estimate), plus ``error_pts``: the estimate minus the
+    full ``metric``, in points (signed; NaN for an empty sample)."""
+    from skv.mrc import MIN_SAMPLE_CACHE
+
+    out = df[df["sample_capacity_blocks"] >= MIN_SAMPLE_CACHE].copy()
+    out["error_pts"] = 100.0 * (estimate(out, metric, how) - out[f"full_{metric}"])
     return out
 
 
-def max_errors(
+def seed_errors(
     df: pd.DataFrame, metric: str = "token_hit_rate", how: str = "scaled"
 ) -> pd.DataFrame:
-    """Per (trace, policy, rate, seed): the largest absolute error over the capacities, in
-    points (how far the seed's whole estimated curve strays)."""
+    """Per (trace, policy, rate, seed): ``max_abs_pts``, the largest absolute error over the
+    capacities (how far the seed's whole estimated curve strays), and ``signed_pts``, the mean
+    signed error (over seeds, an interval excluding 0 means sampling biases the curve, not only
+    scatters it); both NaN for an empty sample."""
     e = with_errors(df, metric, how)
-    e["abs_error_pts"] = e["error_pts"].abs()
-    keys = ["trace", "policy", "rate", "seed"]
-    return e.groupby(keys, sort=False, as_index=False)["abs_error_pts"].max()
+    e["abs_pts"] = e["error_pts"].abs()
+    g = e.groupby(["trace", "policy", "rate", "seed"], sort=False)
+    out = g.agg(max_abs_pts=("abs_pts", "max"), signed_pts=("error_pts", "mean"))
+    return out.reset_index().sort_values(["trace", "policy", "rate", "seed"], kind="stable")
+
+
+def _one(per: pd.DataFrame, trace: str, policy: str, rate: float) -> pd.DataFrame:
+    return per[(per["trace"] == trace) & (per["policy"] == policy) & (per["rate"] == float(rate))]
 
 
 def per_seed_max_error(
@@ -256,9 +300,9 @@ def per_seed_max_error(
     metric: str = "token_hit_rate",
     how: str = "scaled",
 ) -> list[float]:
-    m = max_errors(df, metric, how)
-    d = m[(m["trace"] == trace) & (m["policy"] == policy) & (m["rate"] == float(rate))]
-    return [float(x) for x in d.sort_values("seed")["abs_error_pts"]]
+    """Seed by seed (ascending), the max absolute error over capacities, in points."""
+    per = _one(seed_errors(df, metric, how), trace, policy, rate)
+    return [float(x) for x in per["max_abs_pts"]]
 
 
 def mean_signed_error(
@@ -269,46 +313,48 @@ def mean_signed_error(
     metric: str = "token_hit_rate",
     how: str = "scaled",
 ) -> list[float]:
-    """Per seed, the signed error averaged over the capacities (points): its interval over
-    seeds excluding 0 means sampling biases this policy's curve, not only scatters it."""
-    e = with_errors(df, metric, how)
-    d = e[(e["trace"] == trace) & (e["policy"] == policy) & (e["rate"] == float(rate))]
-    return [float(x) for x in d.groupby("seed", sort=True)["error_pts"].mean()]
+    """Seed by seed (ascending), the signed error averaged over the capacities, in points."""
+    per = _one(seed_errors(df, metric, how), trace, policy, rate)
+    return [float(x) for x in per["signed_pts"]]
 
 
 def summary(df: pd.DataFrame, metric: str = "token_hit_rate") -> pd.DataFrame:
     """Per (trace, policy, rate, estimate): the max absolute error over capacities (mean over
     seeds, its 95% bootstrap interval and the worst seed) and the mean signed error (Student t
-    interval), in points; ``within_bar`` when the worst seed is within :data:`ERROR_BAR_PTS`."""
+    interval), in points, over the seeds whose sample kept a request (``empty_seeds`` counts the
+    others); ``within_bar`` when no sample was empty and the worst seed is within
+    :data:`ERROR_BAR_PTS`. An estimate that does not apply to the rows' unit has no row."""
     rows = []
-    e = pd.concat([with_errors(df, metric, how).assign(estimate=how) for how in ESTIMATES])
-    keys = ["trace", "policy", "rate", "estimate"]
-    for (trace, policy, rate, how), d in e.groupby(keys, sort=False):
-        if d["error_pts"].isna().all():
-            continue  # an estimate that does not apply to this sample's unit
-        per_seed = d.groupby("seed", sort=True)
-        worst = [float(x) for x in per_seed["error_pts"].agg(lambda s: s.abs().max())]
-        signed = [float(x) for x in per_seed["error_pts"].mean()]
-        mx = interval(worst, method="bootstrap")
-        bias = interval(signed)
-        rows.append(
-            {
-                "trace": trace,
-                "policy": policy,
-                "rate": rate,
-                "unit": d["unit"].iloc[0],
-                "estimate": how,
-                "seeds": len(worst),
-                "max_error_pts": mx["value"],
-                "max_error_ci95_low": mx["ci95"][0],
-                "max_error_ci95_high": mx["ci95"][1],
-                "worst_seed_pts": max(worst),
-                "signed_error_pts": bias["value"],
-                "signed_ci95_low": bias["ci95"][0],
-                "signed_ci95_high": bias["ci95"][1],
-                "within_bar": max(worst) <= ERROR_BAR_PTS,
-            }
-        )
+    keys = ["trace", "policy", "rate"]
+    for how in ESTIMATES:
+        per = seed_errors(df, metric, how)
+        units = with_errors(df, metric, how).groupby(keys, sort=False)["unit"].first()
+        for (trace, policy, rate), d in per.groupby(keys, sort=False):
+            ok = d.dropna(subset=["max_abs_pts"])
+            if ok.empty:
+                continue
+            worst, signed = list(ok["max_abs_pts"]), list(ok["signed_pts"])
+            mx, bias = interval(worst, method="bootstrap"), interval(signed)
+            empty = len(d) - len(ok)
+            rows.append(
+                {
+                    "trace": trace,
+                    "policy": policy,
+                    "rate": rate,
+                    "unit": units[(trace, policy, rate)],
+                    "estimate": how,
+                    "seeds": len(ok),
+                    "empty_seeds": empty,
+                    "max_error_pts": mx["value"],
+                    "max_error_ci95_low": mx["ci95"][0],
+                    "max_error_ci95_high": mx["ci95"][1],
+                    "worst_seed_pts": max(worst),
+                    "signed_error_pts": bias["value"],
+                    "signed_ci95_low": bias["ci95"][0],
+                    "signed_ci95_high": bias["ci95"][1],
+                    "within_bar": empty == 0 and max(worst) <= ERROR_BAR_PTS,
+                }
+            )
     return pd.DataFrame(rows)
 
 

@@ -479,8 +479,8 @@ def samples_per_key(
     """Whether :func:`sample_trace` samples ``trace`` per key at ``rate`` with this ``unit``:
     always for ``"block"``; for ``"auto"`` when fewer than ``min_units`` whole units (sessions
     when the trace has two or more, else prefix trees at :func:`auto_depth`) would come in.
-    A caller that knows it will can pass a :class:`~skv.compact_trace.CompactTrace` built once
-    (with ``unit="block"``) instead of the list, whose per-key sample would build one each time."""
+    :class:`Sampler` reads it to cut every per-key sample of a trace from one
+    :class:`~skv.compact_trace.CompactTrace`."""
     if unit == "block":
         return True
     if unit != "auto" or rate >= 1.0:
@@ -491,6 +491,27 @@ def samples_per_key(
         return False
     log.info("%d units at rate %g: fewer than %d sampled, so per-key", units, rate, min_units)
     return True
+
+
+class Sampler:
+    """Samples of one trace at any rates and seeds: :func:`sample_trace` with ``unit`` and
+    ``min_units``, cutting per-key samples from one :class:`~skv.compact_trace.CompactTrace`
+    built at the first of them (instead of one per sample)."""
+
+    def __init__(
+        self, trace: Sequence[RequestBlocks], unit: str = "auto", min_units: int = AUTO_MIN_UNITS
+    ) -> None:
+        self.trace, self.unit, self.min_units = trace, unit, min_units
+        self._compact: Any = None
+
+    def sample(self, rate: float, seed: int = 0) -> Sample:
+        if not samples_per_key(self.trace, rate, self.unit, self.min_units):
+            return sample_trace(self.trace, rate, seed=seed, unit=self.unit)
+        if self._compact is None:
+            from skv.compact_trace import CompactTrace
+
+            self._compact = CompactTrace(self.trace, drop_next_use=True)
+        return sample_trace(self._compact, rate, seed=seed, unit="block")
 
 
 def _cross_session_keys(trace: Sequence[RequestBlocks]) -> set:
@@ -697,16 +718,9 @@ def capacity_curve(
         row("exact_lru", "lru", 1.0, c, c, curve.block_hit_rate(c), curve.token_hit_rate(c))
         for c in grid
     ]
-    compact = None  # built once, for the first rate sampled per key
+    sampler = Sampler(trace, unit)
     for rate in rates:
-        source, rate_unit = trace, unit
-        if samples_per_key(trace, rate, unit):
-            if compact is None:
-                from skv.compact_trace import CompactTrace
-
-                compact = CompactTrace(trace, drop_next_use=True)
-            source, rate_unit = compact, "block"
-        sample = sample_trace(source, rate, seed=seed, unit=rate_unit)
+        sample = sampler.sample(rate, seed)
         if not sample.trace:
             log.warning("sample rate %g kept no request: no SHARDS rows at this rate", rate)
             continue

@@ -111,8 +111,8 @@ def test_summary_reads_signs_and_worst_seeds():
     mean signed error and the bar verdict come out as computed by hand."""
     errs = {(0, "1%"): -0.02, (0, "10%"): 0.01, (1, "1%"): -0.004, (1, "10%"): -0.006}
     df = _rows(errs)
-    assert S.per_seed_max_error(df, "t", "lru", 0.1) == pytest.approx([2.0, 0.6])
-    assert S.mean_signed_error(df, "t", "lru", 0.1) == pytest.approx([-0.5, -0.5])
+    assert S.per_seed(df, "t", "lru", 0.1, "max_abs_pts") == pytest.approx([2.0, 0.6])
+    assert S.per_seed(df, "t", "lru", 0.1, "signed_pts") == pytest.approx([-0.5, -0.5])
     table = S.summary(df).set_index("estimate")
     row = table.loc["scaled"]
     assert row["max_error_pts"] == pytest.approx(1.3)

@@ -176,9 +176,8 @@ def accuracy_rows(
     replays its cache as :func:`skv.mrc.scaled_capacity` sizes it (``sampled_*``); a per-key
     sample also replays a cache of R x the capacity (``rate_scaled_*``, SHARDS's own sizing,
     what the ``adjusted`` estimate corrects). An empty sample's hit rates are NaN."""
-    from skv.compact_trace import CompactTrace
     from skv.experiments.replay.capacity import _share
-    from skv.mrc import sample_trace, samples_per_key, scaled_capacity
+    from skv.mrc import Sampler, scaled_capacity
     from skv.replay import replay_one, trace_totals
 
     totals = trace_totals(trace)
@@ -188,16 +187,11 @@ def accuracy_rows(
         for spec, cap in caps.items()
     }
     nan = {"block_hit_rate": float("nan"), "token_hit_rate": float("nan")}
-    compact = None
+    sampler = Sampler(trace, unit)
     rows: list[dict[str, Any]] = []
     for rate in rates:
-        source, how = trace, unit
-        if samples_per_key(trace, rate, unit):
-            if compact is None:
-                compact = CompactTrace(trace, drop_next_use=True)
-            source, how = compact, "block"
         for seed in seeds:
-            sample = sample_trace(source, rate, seed=int(seed), unit=how)
+            sample = sampler.sample(rate, int(seed))
             stotals = trace_totals(sample.trace) if sample.trace else None
             per_key = sample.unit == "block"
             for spec, cap in caps.items():
@@ -288,34 +282,20 @@ def seed_errors(
     return out.reset_index().sort_values(["trace", "policy", "rate", "seed"], kind="stable")
 
 
-def _one(per: pd.DataFrame, trace: str, policy: str, rate: float) -> pd.DataFrame:
-    return per[(per["trace"] == trace) & (per["policy"] == policy) & (per["rate"] == float(rate))]
-
-
-def per_seed_max_error(
+def per_seed(
     df: pd.DataFrame,
     trace: str,
     policy: str,
     rate: float,
+    column: str = "max_abs_pts",
     metric: str = "token_hit_rate",
     how: str = "scaled",
 ) -> list[float]:
-    """Seed by seed (ascending), the max absolute error over capacities, in points."""
-    per = _one(seed_errors(df, metric, how), trace, policy, rate)
-    return [float(x) for x in per["max_abs_pts"]]
-
-
-def mean_signed_error(
-    df: pd.DataFrame,
-    trace: str,
-    policy: str,
-    rate: float,
-    metric: str = "token_hit_rate",
-    how: str = "scaled",
-) -> list[float]:
-    """Seed by seed (ascending), the signed error averaged over the capacities, in points."""
-    per = _one(seed_errors(df, metric, how), trace, policy, rate)
-    return [float(x) for x in per["signed_pts"]]
+    """Seed by seed (ascending), one column of :func:`seed_errors` for one (trace, policy,
+    rate): ``max_abs_pts`` or ``signed_pts``."""
+    per = seed_errors(df, metric, how)
+    mine = per[(per["trace"] == trace) & (per["policy"] == policy) & (per["rate"] == float(rate))]
+    return [float(x) for x in mine[column]]
 
 
 def summary(df: pd.DataFrame, metric: str = "token_hit_rate") -> pd.DataFrame:

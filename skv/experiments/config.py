@@ -47,7 +47,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import (
@@ -61,6 +61,8 @@ from pydantic import (
 )
 
 from skv.sizing import Capacity
+
+M = TypeVar("M", bound=BaseModel)
 
 #: the metrics a seed claim or a summary may rank policies by, and which direction is better
 METRICS: dict[str, str] = {
@@ -433,6 +435,18 @@ def read_yaml(path: str | Path, what: str = "config") -> Any:
         raise ConfigError(f"{path}: invalid YAML value: {_quote(str(exc))}") from None
     _check_size(data, path)
     return data
+
+
+def read_model(path: str | Path, model: type[M], what: str) -> tuple[dict[str, Any], M]:
+    """A YAML config (:func:`read_yaml`) that must be a mapping, validated as ``model``: the
+    raw mapping (for overrides merged onto it) and the model. Errors name the file and field."""
+    data = read_yaml(path, what) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at top level, got {type(data).__name__}")
+    try:
+        return data, model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{path}: {_flatten(exc)}") from None
 
 
 def _check_size(data: Any, path: Path) -> None:

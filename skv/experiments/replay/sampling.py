@@ -79,15 +79,9 @@ def load_sampling_config(path: str | Path, *, quick: bool) -> SamplingConfig:
     either fails every run); errors are ``ConfigError`` naming the file and the field, with
     ``quick.`` before an override's. A bad policy, unit, metric or capacity, or a repeated
     entry, fails here, before any trace is read."""
-    from skv.experiments.config import ConfigError, _flatten, read_yaml
+    from skv.experiments.config import ConfigError, _flatten, read_model
 
-    data = read_yaml(path, "sampling config") or {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping at top level, got {type(data).__name__}")
-    try:
-        cfg = SamplingConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(f"{path}: {_flatten(exc)}") from None
+    data, cfg = read_model(path, SamplingConfig, "sampling config")
     problems = _problems(cfg, "")
     if "quick" in cfg.quick:
         problems.append("quick.quick: quick overrides cannot hold quick overrides")

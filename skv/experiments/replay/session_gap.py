@@ -58,15 +58,9 @@ class GapConfig(BaseModel):
 def load_gap_config(path: str | Path, *, quick: bool) -> GapConfig:
     """The sweep's config, read by :func:`skv.experiments.config.read_yaml` (size bounds);
     errors are ``ConfigError`` naming the file and the field (``quick.`` for an override)."""
-    from skv.experiments.config import ConfigError, _flatten, read_yaml
+    from skv.experiments.config import ConfigError, _flatten, read_model
 
-    data = read_yaml(path, "session-gap config") or {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping at top level, got {type(data).__name__}")
-    try:
-        cfg = GapConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(f"{path}: {_flatten(exc)}") from None
+    data, cfg = read_model(path, GapConfig, "session-gap config")
     if quick and cfg.quick:
         try:
             cfg = GapConfig.model_validate({**data, **cfg.quick, "quick": {}})

@@ -220,11 +220,11 @@ def print_shards(shards: list[dict[str, Any]], seeds: int) -> None:
         f"  {'policy':>18} {'unit':>8} {'R':>5} {'err mean':>8} {'worst':>6} "
         f"{'empty':>5} {'speedup':>7} {'requests':>8}"
     )
+
+    def f(v: Any, spec: str) -> str:
+        return "-" if v is None else format(v, spec)
+
     for r in shards:
-
-        def f(v: Any, spec: str) -> str:
-            return "-" if v is None else format(v, spec)
-
         print(
             f"  {r['policy']:>18} {r['unit']:>8} {r['rate']:>5g} "
             f"{f(r['max_err_points_mean'], '.2f'):>8} {f(r['max_err_points_worst'], '.2f'):>6} "

@@ -64,6 +64,7 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import chain, pairwise
 from typing import Any
 
@@ -374,6 +375,11 @@ class Sample:
         """What a cache's non-trunk part is scaled by: the key share if known, else the rate."""
         return self.key_share if self.key_share is not None else self.rate
 
+    @property
+    def label(self) -> str:
+        """The unit as tables name it: ``block``, ``session``, ``root`` or ``depth N``."""
+        return self.unit if self.unit != "auto" else f"depth {self.depth}"
+
 
 def sample_trace(
     trace: Sequence[RequestBlocks],
@@ -390,17 +396,46 @@ def sample_trace(
     are new lists. ``unit="auto"`` below ``min_units`` expected sampled units is per-key
     sampling (``Sample.unit`` says which was used).
     """
-    rate = check_rate(rate)
-    if not trace:
-        raise ValueError("sample_trace: empty trace (no requests)")
-    if unit not in UNITS:
-        raise ValueError(f"unit must be one of {', '.join(UNITS)}, got {unit!r}")
-    if samples_per_key(trace, rate, unit, min_units):
-        return _sample_blocks(trace, rate, seed)
-    sessions = {rb.session for rb in trace} - {None}
-    by_session = unit == "session" or (unit == "auto" and len(sessions) >= 2)
-    depth = 0 if by_session or unit != "auto" else auto_depth(trace)[0]
-    shared = _cross_session_keys(trace) if by_session else set()
+    return Sampler(trace, unit, min_units).sample(rate, seed)
+
+
+class _Units:
+    """How a trace splits into whole sampling units for ``unit`` (not per rate or seed, so a
+    :class:`Sampler` keeps one): by session (``auto`` with two or more sessions, or
+    ``session``), else by the key at ``depth`` (:func:`auto_depth` for ``auto``, 0 for
+    ``root``); ``count`` units. The trunk (keys two sessions share, or the keys above
+    ``depth``) is kept whole by every sample."""
+
+    def __init__(self, trace: Sequence[RequestBlocks], unit: str) -> None:
+        self.trace = trace
+        sessions = {rb.session for rb in trace} - {None}
+        self.by_session = unit == "session" or (unit == "auto" and len(sessions) >= 2)
+        if self.by_session or unit != "auto":
+            self.depth, self.count = 0, len(sessions)
+        else:
+            self.depth, self.count = auto_depth(trace)
+
+    @cached_property
+    def shared(self) -> set:
+        """Keys more than one session uses (the trunk of session sampling; empty otherwise)."""
+        return _cross_session_keys(self.trace) if self.by_session else set()
+
+    @cached_property
+    def non_trunk_keys(self) -> int:
+        """Distinct keys of the trace outside the trunk (what a sample's key share is of)."""
+        every: set = set()
+        for rb in self.trace:
+            every.update(rb.keys)
+        if self.by_session:
+            return len(every) - len(self.shared)
+        return len(every) - len({k for rb in self.trace for k in rb.keys[: self.depth]})
+
+
+def _sample_units(
+    trace: Sequence[RequestBlocks], rate: float, seed: int, unit: str, units: _Units
+) -> Sample:
+    """Whole units of ``trace`` kept by a seeded hash (:func:`sample_trace`)."""
+    by_session, depth, shared = units.by_session, units.depth, units.shared
     threshold = math.floor(rate * 2**64)
     kept: list[RequestBlocks] = []
     trunk: set = set()
@@ -433,7 +468,7 @@ def sample_trace(
                 prompt_tokens=rb.prompt_tokens,
             )
         )
-    share = _non_trunk_share(trace, kept, trunk, shared if by_session else None, depth)
+    share = _non_trunk_share(kept, trunk, units.non_trunk_keys)
     unit = "session" if by_session else unit
     log.info(
         "sample at rate %g (unit %s, depth %d, %d trunk blocks): %d of %d requests",
@@ -447,30 +482,16 @@ def sample_trace(
     return Sample(kept, rate, unit, depth, len(trunk), key_share=share)
 
 
-def _non_trunk_share(
-    trace: Sequence[RequestBlocks],
-    kept: Sequence[RequestBlocks],
-    trunk: set,
-    shared: set | None,
-    depth: int,
-) -> float:
-    """The share of the trace's distinct non-trunk keys that ``kept`` holds. Whole units differ
-    in size (a session of 3 turns, one of 80), so the sample's share of the keys can be far from
-    the rate; its cache is scaled by this share, as a per-key sample's is (one run on Mooncake
-    at R = 0.1, whole prefix trees: realised shares 9.5-12.8% across seeds, and the estimate's
-    error followed them)."""
-    every: set = set()
-    for rb in trace:
-        every.update(rb.keys)
-    if shared is not None:
-        every_trunk = len(shared)
-    else:
-        every_trunk = len({k for rb in trace for k in rb.keys[:depth]})
+def _non_trunk_share(kept: Sequence[RequestBlocks], trunk: set, non_trunk_keys: int) -> float:
+    """The share of the trace's ``non_trunk_keys`` distinct non-trunk keys that ``kept`` holds
+    (``trunk``: the trunk keys among them). Whole units differ in size (a session of 3 turns,
+    one of 80), so the sample's share of the keys can be far from the rate; its cache is scaled
+    by this share, as a per-key sample's is (one run on Mooncake at R = 0.1, whole prefix trees:
+    realised shares 9.4-10.8% of the keys across seeds)."""
     mine: set = set()
     for rb in kept:
         mine.update(rb.keys)
-    total = len(every) - every_trunk
-    return (len(mine) - len(trunk)) / total if total > 0 else 0.0
+    return (len(mine) - len(trunk)) / non_trunk_keys if non_trunk_keys > 0 else 0.0
 
 
 def samples_per_key(
@@ -478,40 +499,61 @@ def samples_per_key(
 ) -> bool:
     """Whether :func:`sample_trace` samples ``trace`` per key at ``rate`` with this ``unit``:
     always for ``"block"``; for ``"auto"`` when fewer than ``min_units`` whole units (sessions
-    when the trace has two or more, else prefix trees at :func:`auto_depth`) would come in.
-    :class:`Sampler` reads it to cut every per-key sample of a trace from one
-    :class:`~skv.compact_trace.CompactTrace`."""
-    if unit == "block":
-        return True
-    if unit != "auto" or rate >= 1.0:
-        return False
-    sessions = {rb.session for rb in trace} - {None}
-    units = len(sessions) if len(sessions) >= 2 else auto_depth(trace)[1]
-    if rate * units >= min_units:
-        return False
-    log.info("%d units at rate %g: fewer than %d sampled, so per-key", units, rate, min_units)
-    return True
+    when the trace has two or more, else prefix trees at :func:`auto_depth`) would come in."""
+    return Sampler(trace, unit, min_units).per_key(rate)
 
 
 class Sampler:
-    """Samples of one trace at any rates and seeds: :func:`sample_trace` with ``unit`` and
-    ``min_units``, cutting per-key samples from one :class:`~skv.compact_trace.CompactTrace`
-    built at the first of them (instead of one per sample)."""
+    """Samples of one trace at any rates and seeds (what :func:`sample_trace` takes, with
+    ``unit`` and ``min_units``). What does not depend on the rate or seed is worked out once:
+    how the trace splits into whole units (:class:`_Units`, its trunk and key count), and the
+    :class:`~skv.compact_trace.CompactTrace` every per-key sample is cut from (``trace`` itself
+    when it is one)."""
 
     def __init__(
         self, trace: Sequence[RequestBlocks], unit: str = "auto", min_units: int = AUTO_MIN_UNITS
     ) -> None:
         self.trace, self.unit, self.min_units = trace, unit, min_units
+        self._units: _Units | None = None
         self._compact: Any = None
+        self._unique_keys: np.ndarray | None = None
+
+    def _whole(self) -> _Units:
+        if self._units is None:
+            self._units = _Units(self.trace, self.unit)
+        return self._units
+
+    def per_key(self, rate: float) -> bool:
+        """:func:`samples_per_key` for this trace."""
+        if self.unit == "block":
+            return True
+        if self.unit != "auto" or rate >= 1.0:
+            return False
+        units = self._whole().count
+        if rate * units >= self.min_units:
+            return False
+        log.info("%d units at rate %g: fewer than %d sampled, so per-key", units, rate,
+                 self.min_units)  # fmt: skip
+        return True
 
     def sample(self, rate: float, seed: int = 0) -> Sample:
-        if not samples_per_key(self.trace, rate, self.unit, self.min_units):
-            return sample_trace(self.trace, rate, seed=seed, unit=self.unit)
+        rate = check_rate(rate)
+        if not self.trace:
+            raise ValueError("sample_trace: empty trace (no requests)")
+        if self.unit not in UNITS:
+            raise ValueError(f"unit must be one of {', '.join(UNITS)}, got {self.unit!r}")
+        if not self.per_key(rate):
+            return _sample_units(self.trace, rate, seed, self.unit, self._whole())
         if self._compact is None:
             from skv.compact_trace import CompactTrace
 
-            self._compact = CompactTrace(self.trace, drop_next_use=True)
-        return sample_trace(self._compact, rate, seed=seed, unit="block")
+            is_compact = isinstance(self.trace, CompactTrace)
+            # next-use annotations (a Belady replay's) play no part in a sample
+            self._compact = (
+                self.trace if is_compact else CompactTrace(self.trace, drop_next_use=True)
+            )
+            self._unique_keys = np.unique(self._compact.new_keys)
+        return _sample_blocks(self._compact, self._unique_keys, rate, seed)
 
 
 def _cross_session_keys(trace: Sequence[RequestBlocks]) -> set:
@@ -563,25 +605,20 @@ def key_sampled(keys: np.ndarray, rate: float, seed: int) -> np.ndarray:
     return z < np.uint64(math.floor(rate * 2**64))
 
 
-def _sample_blocks(trace: Sequence[RequestBlocks], rate: float, seed: int) -> Sample:
+def _sample_blocks(compact: Any, unique: np.ndarray, rate: float, seed: int) -> Sample:
     """Per-key SHARDS: keep a block iff its key is sampled (:func:`key_sampled`), re-chained to
     its nearest kept ancestor (a key still fixes its sampled parent, so prefix semantics hold
     within the sample). Many more independent units than whole trees; requests shrink to
     ~``rate`` of their blocks, which biases policies that look at request sizes or positions.
 
-    Runs on a :class:`~skv.compact_trace.CompactTrace` (one is built from a list): verdicts for
-    the stored keys at once, and a turn's shared prefix inherits its predecessor's cut, so the
-    cost is O(unique keys per session + kept blocks + requests), not O(block accesses)."""
-    from skv.compact_trace import CompactTrace
-
-    # next-use annotations (a Belady replay's) play no part in a sample
-    is_compact = isinstance(trace, CompactTrace)
-    compact = trace if is_compact else CompactTrace(trace, drop_next_use=True)
+    Runs on a :class:`~skv.compact_trace.CompactTrace` (``unique``: its distinct stored keys):
+    verdicts for the stored keys at once, and a turn's shared prefix inherits its predecessor's
+    cut, so the cost is O(unique keys per session + kept blocks + requests), not O(block
+    accesses)."""
     kept = list(compact.select(key_sampled(compact.new_keys, rate, seed)))
-    unique = np.unique(compact.new_keys)
     share = float(key_sampled(unique, rate, seed).mean()) if len(unique) else 0.0
     log.info("sample at rate %g (unit block): %d of %d requests, %.4g of the keys",
-             rate, len(kept), len(trace), share)  # fmt: skip
+             rate, len(kept), len(compact), share)  # fmt: skip
     return Sample(kept, rate, "block", 0, 0, key_share=share)
 
 
@@ -735,7 +772,7 @@ def capacity_curve(
                         r["sample_capacity_blocks"],
                         r["block_hit_rate"],
                         r["token_hit_rate"],
-                        sample.unit if sample.unit != "auto" else f"depth {sample.depth}",
+                        sample.label,
                     )
                 )
     if belady_points > 0 and u:

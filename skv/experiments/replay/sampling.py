@@ -204,7 +204,7 @@ def accuracy_rows(
                         "policy": policy,
                         "rate": float(rate),
                         "seed": int(seed),
-                        "unit": sample.unit if sample.unit != "auto" else f"depth {sample.depth}",
+                        "unit": sample.label,
                         "capacity": spec,
                         "capacity_blocks": cap,
                         "sample_capacity_blocks": scap,
@@ -265,14 +265,16 @@ def with_errors(
 def seed_errors(
     df: pd.DataFrame, metric: str = "token_hit_rate", how: str = "scaled"
 ) -> pd.DataFrame:
-    """Per (trace, policy, rate, seed): ``max_abs_pts``, the largest absolute error over the
-    capacities (how far the seed's whole estimated curve strays), and ``signed_pts``, the mean
-    signed error (over seeds, an interval excluding 0 means sampling biases the curve, not only
-    scatters it); both NaN for an empty sample."""
+    """Per (trace, policy, rate, seed): its sample's ``unit``; ``max_abs_pts``, the largest
+    absolute error over the capacities (how far the seed's whole estimated curve strays); and
+    ``signed_pts``, the mean signed error (over seeds, an interval excluding 0 means sampling
+    biases the curve, not only scatters it); both NaN for an empty sample."""
     e = with_errors(df, metric, how)
     e["abs_pts"] = e["error_pts"].abs()
     g = e.groupby(["trace", "policy", "rate", "seed"], sort=False)
-    out = g.agg(max_abs_pts=("abs_pts", "max"), signed_pts=("error_pts", "mean"))
+    out = g.agg(
+        max_abs_pts=("abs_pts", "max"), signed_pts=("error_pts", "mean"), unit=("unit", "first")
+    )
     return out.reset_index().sort_values(["trace", "policy", "rate", "seed"], kind="stable")
 
 
@@ -302,7 +304,6 @@ def summary(df: pd.DataFrame, metric: str = "token_hit_rate") -> pd.DataFrame:
     keys = ["trace", "policy", "rate"]
     for how in ESTIMATES:
         per = seed_errors(df, metric, how)
-        units = with_errors(df, metric, how).groupby(keys, sort=False)["unit"].first()
         for (trace, policy, rate), d in per.groupby(keys, sort=False):
             ok = d.dropna(subset=["max_abs_pts"])
             if ok.empty:
@@ -315,7 +316,7 @@ def summary(df: pd.DataFrame, metric: str = "token_hit_rate") -> pd.DataFrame:
                     "trace": trace,
                     "policy": policy,
                     "rate": rate,
-                    "unit": units[(trace, policy, rate)],
+                    "unit": d["unit"].iloc[0],
                     "estimate": how,
                     "seeds": len(ok),
                     "empty_seeds": empty,

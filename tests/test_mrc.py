@@ -277,7 +277,11 @@ def test_scaled_capacity_keeps_the_shared_trunk_whole():
     assert s.depth == 2  # blocks 1, 2 are one system prompt for everyone: the trunk
     assert s.shared_blocks == 2
     assert scaled_capacity(102, s) == round(s.key_share * 100) + 2
-    assert s.key_share != 0.25  # the sample's own share of the non-trunk keys
+    # the sample's own share of the non-trunk keys (the trunk: the keys above the depth)
+    trunk = {k for rb in trace for k in rb.keys[: s.depth]}
+    every = {k for rb in trace for k in rb.keys} - trunk
+    mine = {k for rb in s.trace for k in rb.keys} - trunk
+    assert s.key_share == pytest.approx(len(mine) / len(every)) and s.key_share != 0.25
     assert scaled_capacity(1, s) == 1
 
 

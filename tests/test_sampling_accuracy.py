@@ -60,6 +60,12 @@ def test_rows_hold_the_full_replay_and_the_sample_of_each_seed(trace):
         est = mrc.shards_curve(trace, "vllm", [cap], 0.1, seed=r["seed"], unit="block")[0]
         assert r["sampled_token_hit_rate"] == est["token_hit_rate"]
         assert r["sample_capacity_blocks"] == est["sample_capacity_blocks"]
+        # SHARDS's own sizing, for the adjusted estimate: R x the capacity
+        rcap = max(1, round(0.1 * cap))
+        assert r["rate_scaled_capacity_blocks"] == rcap
+        sample = mrc.sample_trace(trace, 0.1, seed=r["seed"], unit="block").trace
+        by_rate = replay_one(sample, "vllm", rcap, progress=False)["token_hit_rate"]
+        assert r["rate_scaled_token_hit_rate"] == by_rate
     assert rows[0]["sample_key_share"] != rows[2]["sample_key_share"]  # seeds differ
 
 

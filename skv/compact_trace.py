@@ -168,9 +168,33 @@ class CompactTrace(Sequence[RequestBlocks]):
     def new_keys(self) -> np.ndarray:
         """The stored keys, request by request: each request's keys after its shared prefix
         (read-only; :meth:`select` takes one verdict per entry)."""
-        view = self._new_keys.view()
-        view.flags.writeable = False
-        return view
+        return _read_only(self._new_keys)
+
+    @property
+    def one_chain(self) -> bool:
+        """Every request is a single chain from its first block (prefix keying: no segment
+        restarts a chain), so a key's depth is its position in any request holding it."""
+        n_starts = np.diff(self._starts_at)
+        return bool(np.array_equal(n_starts, self._n_keys > 0) and not self._starts.any())
+
+    def key_deltas(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The key store as read-only arrays, one entry per request unless said: predecessor
+        (``-1``: none), keys shared with it, key count, the stored keys (all requests'), and
+        where each request's new keys start in them (``len + 1`` offsets). Request ``i``'s keys
+        are its predecessor's first ``shared[i]`` keys then ``new[at[i]:at[i + 1]]``."""
+        return tuple(
+            _read_only(a)
+            for a in (self._pred, self._shared, self._n_keys, self._new_keys, self._new_at)
+        )  # type: ignore[return-value]
+
+    def runs(self, field: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``field`` (``tokens``, ``stypes`` or ``seg_tokens``) run-length encoded, read-only:
+        run values, run lengths, and where each request's runs start (``len + 1`` offsets)."""
+        return tuple(_read_only(a) for a in self._runs[field])  # type: ignore[return-value]
+
+    def prompt_tokens(self, i: int) -> int:
+        """Request ``i``'s prompt tokens, without rebuilding it."""
+        return int(self._prompt[i])
 
     def select(self, keep: np.ndarray) -> Iterator[RequestBlocks]:
         """Every request cut down to the blocks whose stored key ``keep`` marks (``keep[k]``
@@ -342,6 +366,12 @@ def _encode_runs(values: list, vals: array, lens: array) -> int:
     vals.extend(a[bounds[:-1]].tolist())
     lens.extend(np.diff(bounds).tolist())
     return len(bounds) - 1
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    view = a.view()
+    view.flags.writeable = False
+    return view
 
 
 def _np(a: array) -> np.ndarray:

@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from skv.blocks import RequestBlocks, annotate_next_use, tally_blocks
 from skv.blocks import compile_trace as compile_trace  # re-exported: the usual import site
+from skv.cache.node_lru import NodeLRU
 from skv.compact_trace import CompactTrace
 from skv.fileio import atomic_dir, atomic_write
 from skv.model import NUM_TYPES, TYPES
@@ -80,8 +81,10 @@ def replay_one(
 ) -> dict[str, Any]:
     """Replay ``trace`` through one policy at one capacity; returns one result row."""
     totals = totals or trace_totals(trace)
-    cache = make_cache(policy, capacity_blocks, params)
     compact = isinstance(trace, CompactTrace)
+    by_node = compact and policy == "lru" and not params and trace.one_chain
+    # lru on a prefix-keyed compact trace: the same choices a radix node at a time
+    cache = NodeLRU(capacity_blocks) if by_node else make_cache(policy, capacity_blocks, params)
     if policy in OFFLINE:
         if compact:
             raise ValueError(
@@ -108,7 +111,9 @@ def replay_one(
     ):
         for start in range(0, len(trace), chunk):
             stop = min(start + chunk, len(trace))
-            if compact:  # rebuilt a part at a time: memory is one part, not the trace
+            if by_node:
+                cache.replay(trace, start, stop)
+            elif compact:  # rebuilt a part at a time: memory is one part, not the trace
                 for part in trace.parts(start, stop):
                     cache.replay(part, 0, len(part))
             else:

@@ -63,5 +63,6 @@ cdef class Counters:
     cpdef void request(self, long long blocks, long long prompt_tokens, long long hit_blocks,
                       long long hit_tokens)
     cpdef void hit(self, Py_ssize_t stype, long long tokens)
+    cpdef void hits(self, Py_ssize_t stype, long long blocks, long long tokens)
     cpdef void eviction(self, Py_ssize_t stype, str reason) except *
     cpdef snapshot(self)

@@ -209,6 +209,13 @@ class Counters:
         self.hit_tok_by_type[stype] += tokens
         self.hit_blk_by_type[stype] += 1
 
+    def hits(
+        self, stype: cython.Py_ssize_t, blocks: cython.longlong, tokens: cython.longlong
+    ) -> None:
+        """``blocks`` hits of type ``stype`` at once, ``tokens`` in all (a radix node's run)."""
+        self.hit_tok_by_type[stype] += tokens
+        self.hit_blk_by_type[stype] += blocks
+
     def eviction(self, stype: cython.Py_ssize_t, reason: str) -> None:
         self.evictions += 1
         self.evict_by_type[stype] += 1

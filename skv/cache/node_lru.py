@@ -1,0 +1,332 @@
+"""``lru`` replayed a radix node at a time: a request costs O(log n + nodes it crosses + blocks
+it inserts or evicts), not O(blocks it touches).
+
+:class:`skv.cache.radix.BlockCache` with :class:`skv.policies.lru.LRU` touches every block of a
+request: a Claude Code turn re-reads ~95% of its session's previous prompt, so almost all of
+that work is hits that change nothing but recency. This cache makes the same choices (a test
+compares every result field with the block replay's, on synthetic and real traces) for traces
+in prefix keying (one chain per request, from its first block; :attr:`CompactTrace.one_chain`),
+replayed as ``skv replay`` does: each request acquires and releases its blocks at once.
+
+Why the block replay's order has this structure. Its list is in release order, each request's
+blocks tail first, and a hit on a block is a hit on its whole chain above it. Call a block's
+*owner* the last request that touched it. Then:
+
+1. The cached blocks of a chain are a prefix of it (eviction takes leaves only), so a request's
+   hits are the longest cached prefix of its keys, found by binary search: O(log n) lookups.
+2. A request ``r`` owns a contiguous range of its own chain, ``[x, h)``: a later request that
+   touches one of ``r``'s blocks touches the whole prefix above it (``x`` only grows), and
+   eviction takes ``r``'s blocks from the deep end (``h`` only shrinks).
+3. The LRU victim is the deepest owned block of the oldest owner that owns any: the list is
+   ordered by owner's release, then deepest first (tail first).
+
+So the state is a forest of *nodes*, runs of one chain ``[lo, hi)`` with one owner; each owner
+keeps its nodes root to leaf (new owners take them from the shallow end, eviction takes blocks
+from the deep end), and a queue holds the owners in release order. A request's hit path is
+walked node by node from its deepest hit (one split where the hit ends inside a node); its new
+blocks are one new node. While a request is being served its nodes belong to no queued owner,
+which is pinning: eviction cannot reach them, as the block replay skips pinned blocks.
+
+Each key maps to the node it was inserted into; a split leaves the deeper part in that node and
+the shallower part in a new parent, so a key is resolved by walking up from the node it maps to
+until the node's range holds its depth (then the map is updated: path compression). Hit tokens
+and types are summed from the trace's run-length encoding, O(runs) per request.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import deque
+
+import cython
+
+from skv.cache.block import CacheStats, Counters, GhostList
+from skv.compact_trace import CompactTrace
+from skv.policies.lru import LRU
+
+
+class _Node:
+    """Depths ``[lo, hi)`` of one chain; the key at depth ``d`` is ``keys[d - base]``."""
+
+    def __init__(self, lo: cython.longlong, hi: cython.longlong, base: cython.longlong,
+                 keys: object, stypes: object, parent: object) -> None:  # fmt: skip
+        self.lo = lo
+        self.hi = hi
+        self.base = base
+        self.keys = keys
+        self.stypes = stypes
+        self.parent = parent
+        self.owner = None
+
+
+class _Owner:
+    """A request's nodes, root to leaf: ``nodes[head:]`` (taken from the left by later
+    requests, from the right by eviction)."""
+
+    def __init__(self) -> None:
+        self.nodes = []
+        self.head = 0
+
+
+class NodeLRU:
+    """The ``lru`` block cache as radix nodes; see the module docstring. ``replay`` only."""
+
+    name = "lru"
+
+    def __init__(self, capacity_blocks: int) -> None:
+        if capacity_blocks < 1:
+            raise ValueError(f"capacity_blocks must be >= 1, got {capacity_blocks}")
+        self.capacity_blocks = capacity_blocks
+        self.policy = LRU()  # whose choices these are (its params, none, go into the results)
+        self.ghost = GhostList(0)  # lru learns nothing from evicted keys
+        self.counters = Counters()
+        self._where = {}  # key -> the node it was inserted into (or one below its node)
+        self._queue = deque()  # owners in release order, oldest first
+        self._live = {}  # request index -> its keys (array 'Q'), until its successor takes it
+        self._trace = None
+        self._cursor = 0
+        self._cols = None
+        self._new_keys = None
+        self._prompt = None
+        self._tv = self._tl = self._sv = self._sl = None  # the token and type runs, as lists
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._where
+
+    @property
+    def stats(self) -> CacheStats:
+        return self.counters.snapshot()
+
+    def replay(self, trace: CompactTrace, start: int = 0, stop: int | None = None) -> None:
+        """Replay requests ``start..stop-1`` of ``trace``, continuing where the last call ended
+        (calls go through one trace in order)."""
+        if self._trace is None:
+            if not trace.one_chain:
+                raise ValueError(
+                    "NodeLRU needs one chain per request (prefix keying); segment keying "
+                    "restarts chains: replay it with BlockCache"
+                )
+            self._trace = trace
+            pred, shared, _, self._new_keys, new_at = trace.key_deltas()
+            tv, tl, ta = trace.runs("tokens")
+            sv, sl, sa = trace.runs("stypes")
+            # per-request columns and runs as lists (O(requests + runs)); keys stay in numpy
+            self._cols = tuple(a.tolist() for a in (pred, shared, new_at, tv, tl, ta, sv, sl, sa))
+            self._prompt = [trace.prompt_tokens(i) for i in range(len(trace))]
+        elif trace is not self._trace:
+            raise ValueError("NodeLRU replays one trace; make a new one for another")
+        end = len(trace) if stop is None else stop
+        if start != self._cursor:
+            raise ValueError(f"NodeLRU continues at request {self._cursor}, not {start}")
+        pred: list
+        shared: list
+        new_at: list
+        ta: list
+        sa: list
+        pred, shared, new_at, self._tv, self._tl, ta, self._sv, self._sl, sa = self._cols
+        prompt: list = self._prompt
+        i: cython.Py_ssize_t
+        for i in range(start, end):
+            keys = self._keys_of(i, pred[i], shared[i], new_at[i], new_at[i + 1])
+            self._access(keys, shared[i], prompt[i], ta[i], ta[i + 1], sa[i], sa[i + 1])
+        self._cursor = end
+
+    def _keys_of(self, i: int, p: int, s: int, a: int, b: int) -> array:
+        """Request ``i``'s keys: its predecessor's array cut to the shared prefix, then its new
+        keys ``new_keys[a:b]`` (O(keys changed), not O(keys))."""
+        if p < 0:
+            keys = array("Q")
+        else:
+            keys = self._live.pop(p)
+            del keys[s:]
+        keys.frombytes(self._new_keys[a:b].tobytes())
+        self._live[i] = keys
+        return keys
+
+    def _access(
+        self,
+        keys: array,
+        hint: cython.Py_ssize_t,
+        prompt_tokens: cython.longlong,
+        tok_at: cython.Py_ssize_t,
+        tok_end: cython.Py_ssize_t,
+        st_at: cython.Py_ssize_t,
+        st_end: cython.Py_ssize_t,
+    ) -> None:
+        """One request (its token runs ``tok_at:tok_end``, type runs ``st_at:st_end``): hits,
+        pinned; misses cached (evicting as needed); released."""
+        n: cython.Py_ssize_t = len(keys)
+        m: cython.Py_ssize_t = self._cached_prefix(keys, hint)
+        owner: _Owner = _Owner()
+        if m:
+            self._take_path(self._node_at(keys, m - 1), m, owner)
+        hit_tokens: cython.longlong = self._count_hits(m, tok_at, st_at)
+        if m < n:
+            self._insert(keys, m, owner, _decode(self._sv, self._sl, st_at, st_end, m, n))
+        self.counters.request(n, prompt_tokens, m, hit_tokens)
+        if len(owner.nodes):
+            self._queue.append(owner)
+
+    def _cached_prefix(self, keys: array, hint: cython.Py_ssize_t) -> cython.Py_ssize_t:
+        """How many leading keys are cached (claim 1: they are a prefix). ``hint``, the keys
+        shared with the predecessor, is tried first: usually the answer."""
+        where: dict = self._where
+        lo: cython.Py_ssize_t = 0
+        hi: cython.Py_ssize_t = len(keys)
+        mid: cython.Py_ssize_t
+        if 0 < hint <= hi:
+            if keys[hint - 1] in where:
+                lo = hint
+            else:
+                hi = hint - 1
+            if lo == hint and hint < hi:
+                if keys[hint] in where:
+                    lo = hint + 1
+                else:
+                    hi = hint
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if keys[mid] in where:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def _node_at(self, keys: array, d: cython.Py_ssize_t) -> _Node:
+        """The node holding the cached key at depth ``d`` (its map entry updated)."""
+        key = keys[d]
+        node: _Node = self._where[key]
+        start: _Node = node
+        while d < node.lo:
+            node = node.parent
+        if not d < node.hi:
+            raise AssertionError(f"key {key:#x} at depth {d} maps outside its node")
+        if node is not start:
+            self._where[key] = node
+        return node
+
+    def _take_path(self, node: _Node, m: cython.Py_ssize_t, owner: _Owner) -> None:
+        """Give ``owner`` the hit path, depths ``[0, m)``, whose deepest block is in
+        ``node``: split ``node`` at ``m``, then take every node above from its old owner."""
+        if m < node.hi:  # the deeper part keeps the node (keys map to it) and its owner
+            top: _Node = _Node(node.lo, m, node.base, node.keys, node.stypes, node.parent)
+            node.lo = m
+            node.parent = top
+            node = top
+        path: list = [node]
+        while node.parent is not None:
+            node = node.parent
+            path.append(node)
+        nodes: list = owner.nodes
+        j: cython.Py_ssize_t
+        p: _Node
+        old: _Owner
+        for j in range(len(path) - 1, -1, -1):
+            p = path[j]
+            if p.owner is not None:
+                old = p.owner
+                if old.nodes[old.head] is not p:
+                    raise AssertionError("lru node order broken: a hit node is not its owner's top")
+                old.nodes[old.head] = None
+                old.head += 1
+            p.owner = owner
+            nodes.append(p)
+
+    def _count_hits(
+        self, m: cython.Py_ssize_t, tok_at: cython.Py_ssize_t, st_at: cython.Py_ssize_t
+    ) -> cython.longlong:
+        """Count blocks ``[0, m)`` as hits by type from the two run-length encodings (runs from
+        ``tok_at`` and ``st_at``); returns their tokens."""
+        tok_vals: list = self._tv
+        tok_lens: list = self._tl
+        st_vals: list = self._sv
+        st_lens: list = self._sl
+        total: cython.longlong = 0
+        d: cython.Py_ssize_t = 0
+        i: cython.Py_ssize_t = tok_at
+        j: cython.Py_ssize_t = st_at
+        t_end: cython.Py_ssize_t = 0
+        s_end: cython.Py_ssize_t = 0
+        step: cython.Py_ssize_t
+        tok: cython.longlong
+        if m:
+            t_end = tok_lens[i]
+            s_end = st_lens[j]
+        while d < m:
+            while t_end <= d:
+                i += 1
+                t_end += tok_lens[i]
+            while s_end <= d:
+                j += 1
+                s_end += st_lens[j]
+            step = min(t_end, s_end, m) - d
+            tok = tok_vals[i]
+            self.counters.hits(st_vals[j], step, step * tok)
+            total += step * tok
+            d += step
+        return total
+
+    def _insert(self, keys: array, m: cython.Py_ssize_t, owner: _Owner, stypes: list) -> None:
+        """Cache keys ``m:`` (types ``stypes``) as one new node below the hit path, evicting as
+        needed; what cannot be cached (everything else is this request's) is counted uncached."""
+        n: cython.Py_ssize_t = len(keys)
+        new_keys: list = keys[m:].tolist()  # one int object per key, shared with the map
+        parent: object = owner.nodes[len(owner.nodes) - 1] if len(owner.nodes) else None
+        node: _Node = _Node(m, m, m, new_keys, stypes, parent)
+        where: dict = self._where
+        cap: cython.Py_ssize_t = self.capacity_blocks
+        d: cython.Py_ssize_t
+        for d in range(m, n):
+            if len(where) >= cap and not self._evict_one():
+                self.counters.uncached += n - d
+                break
+            where[new_keys[d - m]] = node
+            node.hi = d + 1
+        if node.hi > m:
+            node.owner = owner
+            owner.nodes.append(node)
+
+    def _evict_one(self) -> cython.bint:
+        """Evict the deepest block of the oldest owner that has one (claim 3)."""
+        queue = self._queue
+        old: _Owner
+        node: _Node
+        d: cython.Py_ssize_t
+        while queue:
+            old = queue[0]
+            if len(old.nodes) > old.head:
+                node = old.nodes[len(old.nodes) - 1]
+                node.hi -= 1
+                d = node.hi - node.base
+                del self._where[node.keys[d]]
+                self.counters.eviction(node.stypes[d], "capacity")
+                if node.hi == node.lo:
+                    old.nodes.pop()
+                    node.owner = None
+                return True
+            queue.popleft()
+        return False
+
+
+def _decode(
+    vals: list,
+    lens: list,
+    at: cython.Py_ssize_t,
+    end: cython.Py_ssize_t,
+    a: cython.Py_ssize_t,
+    b: cython.Py_ssize_t,
+) -> list:
+    """Positions ``[a, b)`` of the run-length encoded list in runs ``at:end``."""
+    out: list = []
+    stop: cython.Py_ssize_t = 0
+    first: cython.Py_ssize_t
+    k: cython.Py_ssize_t
+    for k in range(at, end):
+        first = stop
+        stop += lens[k]
+        if stop > a and first < b:
+            out += [vals[k]] * (min(stop, b) - max(first, a))
+    return out

@@ -4,9 +4,10 @@ On the Claude Code sessions (``--scale N``: copied N times with new ids, as
 ``benchmarks/trace_scale.py`` builds them) and the Mooncake conversation trace, each loaded as
 the :class:`~skv.compact_trace.CompactTrace` that ``skv replay`` uses for online policies, every
 online policy is replayed through ``replay_one`` at each ``--capacity`` fraction of the unique
-blocks: seconds and block accesses per second. ``lru`` is also replayed block by block
-(``BlockCache`` + ``LRU`` over the rebuilt parts, which ``replay_one`` ran before
-:mod:`skv.cache.node_lru`), and the two are checked equal in every counter. Trace loading is
+blocks: seconds and block accesses per second. ``lru`` and ``vllm``, which ``replay_one`` runs
+a radix node at a time (:mod:`skv.cache.node_replay`), are also replayed block by block
+(``BlockCache`` + ``LRU``, ``VllmBlockPool``, over the rebuilt parts: what ran before), and the
+two are checked equal in hits, hit tokens and evictions. Trace loading is
 outside every timing; each replay is timed alone, in this process, one after another.
 
 Run: ``python benchmarks/replay_cost.py [--scale 1] [--capacity 0.01 0.1] [--policies ...]``.
@@ -23,7 +24,7 @@ from pathlib import Path
 from skv.blocks import iter_blocks
 from skv.compact_trace import CompactTrace
 from skv.policies.registry import OFFLINE, POLICIES, make_cache
-from skv.replay import replay_one, trace_totals
+from skv.replay import NODE_POLICIES, replay_one, trace_totals
 from skv.traces import find_trace, load_trace
 
 ONLINE = [p for p in POLICIES if p not in OFFLINE]
@@ -43,10 +44,10 @@ def load(name: str, scale: int) -> CompactTrace:
         return CompactTrace(iter_blocks(load_trace(Path(tmp) / "weka_cc"), None, "prefix"))
 
 
-def lru_by_block(trace: CompactTrace, cap: int) -> tuple[float, tuple[int, int, int]]:
-    """lru block by block over the rebuilt parts: seconds and (hit blocks, hit tokens,
+def by_block(trace: CompactTrace, policy: str, cap: int) -> tuple[float, tuple[int, int, int]]:
+    """``policy`` block by block over the rebuilt parts: seconds and (hit blocks, hit tokens,
     evictions)."""
-    cache = make_cache("lru", cap)
+    cache = make_cache(policy, cap)
     t0 = time.perf_counter()
     for part in trace.parts(0, len(trace)):
         cache.replay(part, 0, len(part))
@@ -78,11 +79,11 @@ def main() -> int:
             cap = max(2, round(frac * totals.unique_blocks))
             for policy in args.policies:
                 row = replay_one(trace, policy, cap, totals=totals, progress=False)
-                how = "node" if policy == "lru" else "block"
+                how = "node" if policy in NODE_POLICIES else "block"
                 _print(label, frac, policy, how, row["replay_seconds"], totals.block_accesses,
                        row["token_hit_rate"])  # fmt: skip
-                if policy == "lru":
-                    secs, counts = lru_by_block(trace, cap)
+                if policy in NODE_POLICIES:
+                    secs, counts = by_block(trace, policy, cap)
                     assert counts == (row["hit_blocks"], row["hit_tokens"], row["evictions"])
                     _print(label, frac, policy, "block", secs, totals.block_accesses,
                            row["token_hit_rate"])  # fmt: skip

@@ -192,9 +192,14 @@ class CompactTrace(Sequence[RequestBlocks]):
         run values, run lengths, and where each request's runs start (``len + 1`` offsets)."""
         return tuple(_read_only(a) for a in self._runs[field])  # type: ignore[return-value]
 
-    def prompt_tokens(self, i: int) -> int:
-        """Request ``i``'s prompt tokens, without rebuilding it."""
-        return int(self._prompt[i])
+    def per_request(self, field: str) -> np.ndarray:
+        """A per-request field as a read-only array, without rebuilding requests:
+        ``prompt_tokens``, ``block_size`` or ``arrival_s``."""
+        arrays = {"prompt_tokens": self._prompt, "block_size": self._block_size,
+                  "arrival_s": self._arrival}  # fmt: skip
+        if field not in arrays:
+            raise ValueError(f"no per-request field {field!r}; one of {', '.join(arrays)}")
+        return _read_only(arrays[field])
 
     def select(self, keep: np.ndarray) -> Iterator[RequestBlocks]:
         """Every request cut down to the blocks whose stored key ``keep`` marks (``keep[k]``

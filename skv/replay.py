@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from skv.blocks import RequestBlocks, annotate_next_use, tally_blocks
 from skv.blocks import compile_trace as compile_trace  # re-exported: the usual import site
-from skv.cache.node_lru import NodeLRU
+from skv.cache.node_replay import NodeReplay
 from skv.compact_trace import CompactTrace
 from skv.fileio import atomic_dir, atomic_write
 from skv.model import NUM_TYPES, TYPES
@@ -30,6 +30,9 @@ from skv.runtime import no_cyclic_gc
 from skv.sizing import Capacity
 
 log = logging.getLogger(__name__)
+
+#: policies replayed a radix node at a time on a prefix-keyed compact trace (skv.cache.node_replay)
+NODE_POLICIES = frozenset({"lru", "vllm"})
 
 
 @dataclass
@@ -82,9 +85,13 @@ def replay_one(
     """Replay ``trace`` through one policy at one capacity; returns one result row."""
     totals = totals or trace_totals(trace)
     compact = isinstance(trace, CompactTrace)
-    by_node = compact and policy == "lru" and not params and trace.one_chain
-    # lru on a prefix-keyed compact trace: the same choices a radix node at a time
-    cache = NodeLRU(capacity_blocks) if by_node else make_cache(policy, capacity_blocks, params)
+    by_node = compact and policy in NODE_POLICIES and not params and trace.one_chain
+    # lru or vllm on a prefix-keyed compact trace: the same choices, a radix node at a time
+    cache = (
+        NodeReplay(capacity_blocks, vllm=policy == "vllm")
+        if by_node
+        else make_cache(policy, capacity_blocks, params)
+    )
     if policy in OFFLINE:
         if compact:
             raise ValueError(

@@ -99,14 +99,15 @@ from skv.compact_trace import CompactTrace
 from skv.replay import replay_trace
 from skv.traces import load_trace
 ct = CompactTrace(iter_blocks(load_trace(sys.argv[1]), 512, "prefix"))
-rows = replay_trace(ct, ["lru"], ["8", "20%"], progress=False)
+rows = replay_trace(ct, ["lru", "vllm"], ["8", "20%"], progress=False)
 print(json.dumps([{k: v for k, v in r.items() if k != "replay_seconds"} for r in rows]))
 """
 
 
-def test_node_lru_fallback_matches_the_compiled_one(tmp_path):
-    """lru on a compact trace runs a radix node at a time (skv.cache.node_lru), compiled here
-    and plain Python in the copy: the same rows as the block replay of the list."""
+def test_node_replay_fallback_matches_the_compiled_one(tmp_path):
+    """lru and vllm on a compact trace run a radix node at a time (skv.cache.node_replay),
+    compiled here and plain Python in the copy: the same rows as the block replay of the
+    list."""
     trace_path = tmp_path / "tree.jsonl"
     _write_tree_trace(trace_path)
     script = (
@@ -114,8 +115,8 @@ def test_node_lru_fallback_matches_the_compiled_one(tmp_path):
         'assert set(build_status().values()) == {"python"}, build_status()\n' + COMPACT_LRU
     )
     fallback = json.loads(_run_pure_python(tmp_path, script, str(trace_path)))
-    assert fallback == _rows_here(trace_path, ["lru"])
-    assert fallback[0]["evictions"] > 0
+    assert fallback == _rows_here(trace_path, ["lru", "vllm"])
+    assert fallback[0]["evictions"] > 0 and fallback[1]["evictions"] > 0
 
 
 # saecache reads what the tree trace above lacks (sessions, tool and template segments, output

@@ -1,36 +1,47 @@
-"""``lru`` replayed a radix node at a time: a request costs O(log n + nodes it crosses + blocks
-it inserts or evicts), not O(blocks it touches).
+"""``lru`` and ``vllm`` replayed a radix node at a time: a request costs O(log n + nodes it
+crosses + blocks it inserts or evicts), not O(blocks it touches).
 
-:class:`skv.cache.radix.BlockCache` with :class:`skv.policies.lru.LRU` touches every block of a
-request: a Claude Code turn re-reads ~95% of its session's previous prompt, so almost all of
-that work is hits that change nothing but recency. This cache makes the same choices (a test
-compares every result field with the block replay's, on synthetic and real traces) for traces
-in prefix keying (one chain per request, from its first block; :attr:`CompactTrace.one_chain`),
-replayed as ``skv replay`` does: each request acquires and releases its blocks at once.
+:class:`skv.cache.radix.BlockCache` with :class:`skv.policies.lru.LRU`, and
+:class:`skv.cache.vllm_pool.VllmBlockPool`, touch every block of a request: a Claude Code turn
+re-reads ~95% of its session's previous prompt, so almost all of that work is hits that change
+nothing but recency. :class:`NodeReplay` makes the same choices as either (a test compares every
+result field with the block replay's, on synthetic and real traces) for traces in prefix keying
+(one chain per request, from its first block; :attr:`CompactTrace.one_chain`), replayed as
+``skv replay`` does: each request acquires and releases its blocks at once.
 
-Why the block replay's order has this structure. Its list is in release order, each request's
-blocks tail first, and a hit on a block is a hit on its whole chain above it. Call a block's
-*owner* the last request that touched it. Then:
+Why both orders have this structure. Both are in release order, each request's blocks tail
+first (the lru list; vLLM's free queue of cached blocks), and a hit on a block is a hit on its
+whole chain above it. Call a block's *owner* the last request that touched it. Then:
 
-1. The cached blocks of a chain are a prefix of it (eviction takes leaves only), so a request's
-   hits are the longest cached prefix of its keys, found by binary search: O(log n) lookups.
+1. The cached keys of a chain are a prefix of it (a parent is always more recent than its
+   children, so eviction from the front takes children first), so a request's hits are the
+   longest cached prefix of its keys, found by binary search: O(log n) lookups.
 2. A request ``r`` owns a contiguous range of its own chain, ``[x, h)``: a later request that
    touches one of ``r``'s blocks touches the whole prefix above it (``x`` only grows), and
    eviction takes ``r``'s blocks from the deep end (``h`` only shrinks).
-3. The LRU victim is the deepest owned block of the oldest owner that owns any: the list is
-   ordered by owner's release, then deepest first (tail first).
+3. The victim is the deepest owned block of the oldest owner that owns any: the order is by
+   owner's release, then deepest first (tail first).
 
 So the state is a forest of *nodes*, runs of one chain ``[lo, hi)`` with one owner; each owner
 keeps its nodes root to leaf (new owners take them from the shallow end, eviction takes blocks
 from the deep end), and a queue holds the owners in release order. A request's hit path is
 walked node by node from its deepest hit (one split where the hit ends inside a node); its new
 blocks are one new node. While a request is being served its nodes belong to no queued owner,
-which is pinning: eviction cannot reach them, as the block replay skips pinned blocks.
+which is pinning: eviction cannot reach them, as the block replays skip pinned blocks.
 
 Each key maps to the node it was inserted into; a split leaves the deeper part in that node and
 the shallower part in a new parent, so a key is resolved by walking up from the node it maps to
 until the node's range holds its depth (then the map is updated: path compression). Hit tokens
 and types are summed from the trace's run-length encoding, O(runs) per request.
+
+vLLM's pool differs in four ways, each kept (``vllm=True``): one of the ``capacity_blocks`` is
+the null block; a hit is capped at ``prompt_len - 1`` tokens, block-aligned, so a block-aligned
+prompt recomputes its last block and caches it again as a duplicate (a key with several copies
+stays cached until its last copy goes; a lookup uses the oldest copy); only full blocks are
+cached, and a freed partial block goes to the front of the free queue, so it is reused before
+any cached block is evicted (only a count is kept); and nothing is evicted until a new block
+needs the physical block, so the cache fills the whole pool. A duplicate is always its owner's
+deepest block (the capped block ends its chain), so claims 1-3 still hold.
 """
 
 from __future__ import annotations
@@ -68,30 +79,40 @@ class _Owner:
         self.head = 0
 
 
-class NodeLRU:
-    """The ``lru`` block cache as radix nodes; see the module docstring. ``replay`` only."""
+class NodeReplay:
+    """The ``lru`` block cache, or with ``vllm`` vLLM's block pool, as radix nodes; see the
+    module docstring. ``replay`` only."""
 
-    name = "lru"
-
-    def __init__(self, capacity_blocks: int) -> None:
-        if capacity_blocks < 1:
-            raise ValueError(f"capacity_blocks must be >= 1, got {capacity_blocks}")
+    def __init__(self, capacity_blocks: int, *, vllm: bool = False) -> None:
+        if capacity_blocks < (2 if vllm else 1):
+            raise ValueError(
+                f"vllm needs >= 2 blocks (one is the null block), got {capacity_blocks}"
+                if vllm
+                else f"capacity_blocks must be >= 1, got {capacity_blocks}"
+            )
         self.capacity_blocks = capacity_blocks
-        self.policy = LRU()  # whose choices these are (its params, none, go into the results)
-        self.ghost = GhostList(0)  # lru learns nothing from evicted keys
+        self.vllm = vllm
+        self.name = "vllm" if vllm else "lru"
+        # whose choices these are: lru's params (none) go into the results; vllm has no policy
+        self.policy = None if vllm else LRU()
+        self.ghost = GhostList(0)  # neither learns from evicted keys
         self.counters = Counters()
         self._where = {}  # key -> the node it was inserted into (or one below its node)
+        self._copies = {}  # vllm: key -> nodes holding later copies of it, oldest first
+        self._n_copies = 0
+        self._unhashed = capacity_blocks - 1  # vllm: free blocks with no hash (at the front)
+        self._pinned = 0  # vllm: blocks the request being served holds
         self._queue = deque()  # owners in release order, oldest first
         self._live = {}  # request index -> its keys (array 'Q'), until its successor takes it
         self._trace = None
         self._cursor = 0
         self._cols = None
         self._new_keys = None
-        self._prompt = None
         self._tv = self._tl = self._sv = self._sl = None  # the token and type runs, as lists
 
     def __len__(self) -> int:
-        return len(self._where)
+        """Cached blocks (for vllm: blocks holding a hash, duplicates included)."""
+        return len(self._where) + self._n_copies
 
     def __contains__(self, key: object) -> bool:
         return key in self._where
@@ -106,32 +127,40 @@ class NodeLRU:
         if self._trace is None:
             if not trace.one_chain:
                 raise ValueError(
-                    "NodeLRU needs one chain per request (prefix keying); segment keying "
-                    "restarts chains: replay it with BlockCache"
+                    "NodeReplay needs one chain per request (prefix keying); segment keying "
+                    "restarts chains: replay it block by block"
                 )
             self._trace = trace
             pred, shared, _, self._new_keys, new_at = trace.key_deltas()
             tv, tl, ta = trace.runs("tokens")
             sv, sl, sa = trace.runs("stypes")
+            prompt = trace.per_request("prompt_tokens")
+            bs = trace.per_request("block_size")
             # per-request columns and runs as lists (O(requests + runs)); keys stay in numpy
-            self._cols = tuple(a.tolist() for a in (pred, shared, new_at, tv, tl, ta, sv, sl, sa))
-            self._prompt = [trace.prompt_tokens(i) for i in range(len(trace))]
+            self._cols = tuple(
+                a.tolist() for a in (pred, shared, new_at, tv, tl, ta, sv, sl, sa, prompt, bs)
+            )
         elif trace is not self._trace:
-            raise ValueError("NodeLRU replays one trace; make a new one for another")
+            raise ValueError("NodeReplay replays one trace; make a new one for another")
         end = len(trace) if stop is None else stop
         if start != self._cursor:
-            raise ValueError(f"NodeLRU continues at request {self._cursor}, not {start}")
+            raise ValueError(f"NodeReplay continues at request {self._cursor}, not {start}")
         pred: list
         shared: list
         new_at: list
         ta: list
         sa: list
-        pred, shared, new_at, self._tv, self._tl, ta, self._sv, self._sl, sa = self._cols
-        prompt: list = self._prompt
+        prompt: list
+        bs: list
+        pred, shared, new_at, self._tv, self._tl, ta, self._sv, self._sl, sa, prompt, bs = (
+            self._cols
+        )
         i: cython.Py_ssize_t
         for i in range(start, end):
             keys = self._keys_of(i, pred[i], shared[i], new_at[i], new_at[i + 1])
-            self._access(keys, shared[i], prompt[i], ta[i], ta[i + 1], sa[i], sa[i + 1])
+            self._access(
+                keys, shared[i], prompt[i], bs[i], ta[i], ta[i + 1], sa[i], sa[i + 1]
+            )  # fmt: skip
         self._cursor = end
 
     def _keys_of(self, i: int, p: int, s: int, a: int, b: int) -> array:
@@ -151,6 +180,7 @@ class NodeLRU:
         keys: array,
         hint: cython.Py_ssize_t,
         prompt_tokens: cython.longlong,
+        block_size: cython.longlong,
         tok_at: cython.Py_ssize_t,
         tok_end: cython.Py_ssize_t,
         st_at: cython.Py_ssize_t,
@@ -160,15 +190,39 @@ class NodeLRU:
         pinned; misses cached (evicting as needed); released."""
         n: cython.Py_ssize_t = len(keys)
         m: cython.Py_ssize_t = self._cached_prefix(keys, hint)
+        full: cython.Py_ssize_t = n
+        if self.vllm:  # full blocks only, and at most prompt_len - 1 tokens
+            full = self._full_blocks(n, block_size, tok_at, tok_end)
+            m = min(m, max(0, prompt_tokens - 1) // block_size)  # the cap leaves out a partial
+            self._pinned = m
         owner: _Owner = _Owner()
         if m:
             self._take_path(self._node_at(keys, m - 1), m, owner)
         hit_tokens: cython.longlong = self._count_hits(m, tok_at, st_at)
         if m < n:
-            self._insert(keys, m, owner, _decode(self._sv, self._sl, st_at, st_end, m, n))
+            self._insert(keys, m, full, owner, _decode(self._sv, self._sl, st_at, st_end, m, n))
         self.counters.request(n, prompt_tokens, m, hit_tokens)
         if len(owner.nodes):
             self._queue.append(owner)
+
+    def _full_blocks(
+        self,
+        n: cython.Py_ssize_t,
+        block_size: cython.longlong,
+        tok_at: cython.Py_ssize_t,
+        tok_end: cython.Py_ssize_t,
+    ) -> cython.Py_ssize_t:
+        """The request's full blocks: all but a partial last one (vLLM hashes full blocks only;
+        a partial block anywhere else is refused)."""
+        full: cython.Py_ssize_t = 0
+        k: cython.Py_ssize_t
+        for k in range(tok_at, tok_end):
+            if self._tv[k] != block_size:
+                if full + self._tl[k] != n or self._tl[k] != 1:
+                    raise ValueError("vllm: a partial block before a request's last block")
+                return full
+            full += self._tl[k]
+        return full
 
     def _cached_prefix(self, keys: array, hint: cython.Py_ssize_t) -> cython.Py_ssize_t:
         """How many leading keys are cached (claim 1: they are a prefix). ``hint``, the keys
@@ -196,7 +250,8 @@ class NodeLRU:
         return lo
 
     def _node_at(self, keys: array, d: cython.Py_ssize_t) -> _Node:
-        """The node holding the cached key at depth ``d`` (its map entry updated)."""
+        """The node holding the cached key at depth ``d`` (for vllm its oldest copy; the map
+        entry is updated)."""
         key = keys[d]
         node: _Node = self._where[key]
         start: _Node = node
@@ -229,7 +284,7 @@ class NodeLRU:
             if p.owner is not None:
                 old = p.owner
                 if old.nodes[old.head] is not p:
-                    raise AssertionError("lru node order broken: a hit node is not its owner's top")
+                    raise AssertionError("node order broken: a hit node is not its owner's top")
                 old.nodes[old.head] = None
                 old.head += 1
             p.owner = owner
@@ -269,21 +324,50 @@ class NodeLRU:
             d += step
         return total
 
-    def _insert(self, keys: array, m: cython.Py_ssize_t, owner: _Owner, stypes: list) -> None:
+    def _insert(
+        self,
+        keys: array,
+        m: cython.Py_ssize_t,
+        full: cython.Py_ssize_t,
+        owner: _Owner,
+        stypes: list,
+    ) -> None:
         """Cache keys ``m:`` (types ``stypes``) as one new node below the hit path, evicting as
-        needed; what cannot be cached (everything else is this request's) is counted uncached."""
+        needed; what cannot be cached (everything else is this request's) is counted uncached.
+        vllm: keys ``full:`` (a partial last block) take a block but are not cached; a key
+        already cached (the capped block) becomes a copy."""
         n: cython.Py_ssize_t = len(keys)
         new_keys: list = keys[m:].tolist()  # one int object per key, shared with the map
         parent: object = owner.nodes[len(owner.nodes) - 1] if len(owner.nodes) else None
         node: _Node = _Node(m, m, m, new_keys, stypes, parent)
         where: dict = self._where
+        vllm: cython.bint = self.vllm
         cap: cython.Py_ssize_t = self.capacity_blocks
         d: cython.Py_ssize_t
         for d in range(m, n):
-            if len(where) >= cap and not self._evict_one():
-                self.counters.uncached += n - d
-                break
-            where[new_keys[d - m]] = node
+            if vllm:
+                if self._pinned == cap - 1:  # every block is this request's
+                    self.counters.uncached += n - d
+                    break
+                if self._unhashed:
+                    self._unhashed -= 1
+                elif not self._evict_one():
+                    raise AssertionError("vllm: a free block that no owner holds")
+                self._pinned += 1
+                if d >= full:  # the partial last block: freed to the front, unhashed
+                    self._unhashed += 1
+                    break
+                key = new_keys[d - m]
+                if key in where:
+                    self._copies.setdefault(key, []).append(node)
+                    self._n_copies += 1
+                else:
+                    where[key] = node
+            else:
+                if len(where) >= cap and not self._evict_one():
+                    self.counters.uncached += n - d
+                    break
+                where[new_keys[d - m]] = node
             node.hi = d + 1
         if node.hi > m:
             node.owner = owner
@@ -301,7 +385,7 @@ class NodeLRU:
                 node = old.nodes[len(old.nodes) - 1]
                 node.hi -= 1
                 d = node.hi - node.base
-                del self._where[node.keys[d]]
+                self._drop(node.keys[d], node, node.hi)
                 self.counters.eviction(node.stypes[d], "capacity")
                 if node.hi == node.lo:
                     old.nodes.pop()
@@ -309,6 +393,24 @@ class NodeLRU:
                 return True
             queue.popleft()
         return False
+
+    def _drop(self, key: object, node: _Node, depth: cython.Py_ssize_t) -> None:
+        """Forget ``node``'s copy of ``key`` (at ``depth``): the key stays cached while another
+        copy does, the oldest one answering lookups."""
+        copies: list = self._copies.get(key)
+        if copies is None:
+            del self._where[key]
+            return
+        self._n_copies -= 1
+        primary: _Node = self._where[key]
+        while depth < primary.lo:
+            primary = primary.parent
+        if primary is node:  # the oldest copy goes: the next oldest answers lookups
+            self._where[key] = copies.pop(0)
+        else:
+            copies.remove(node)  # a copy is its node's deepest block: its node is the inserted one
+        if not copies:
+            del self._copies[key]
 
 
 def _decode(

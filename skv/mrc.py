@@ -363,7 +363,7 @@ class Sample:
     shared by sessions) in the sample; ``key_share``: the share of the trace's distinct non-trunk
     keys the sample holds (per-key and whole-unit samples set it; None means the nominal rate)."""
 
-    trace: list[RequestBlocks]
+    trace: Sequence[RequestBlocks]  # a list; a CompactTrace for a per-key sample
     rate: float
     unit: str
     depth: int
@@ -392,9 +392,11 @@ def sample_trace(
     """SHARDS-style spatial sample: whole requests, kept by a seeded hash of their unit.
 
     Deterministic for a given ``seed``. Kept requests are re-indexed ``0..`` (offline policies
-    index by position); whole requests share their block lists with ``trace``, per-key ones
-    are new lists. ``unit="auto"`` below ``min_units`` expected sampled units is per-key
-    sampling (``Sample.unit`` says which was used).
+    index by position); whole requests share their block lists with ``trace``; a per-key
+    sample is a :class:`~skv.compact_trace.CompactTrace` (memory per stored key, not per
+    access; an offline policy replays ``list(sample.trace)``). ``unit="auto"`` below
+    ``min_units`` expected sampled units is per-key sampling (``Sample.unit`` says which was
+    used).
     """
     return Sampler(trace, unit, min_units).sample(rate, seed)
 
@@ -615,7 +617,11 @@ def _sample_blocks(compact: Any, unique: np.ndarray, rate: float, seed: int) -> 
     verdicts for the stored keys at once, and a turn's shared prefix inherits its predecessor's
     cut, so the cost is O(unique keys per session + kept blocks + requests), not O(block
     accesses)."""
-    kept = list(compact.select(key_sampled(compact.new_keys, rate, seed)))
+    from skv.compact_trace import CompactTrace
+
+    # stored compactly too: a per-key sample of a big trace is big (11.3M accesses at R = 0.1
+    # of the 20x Claude Code scale-up), and lru and vllm replay it a node at a time
+    kept = CompactTrace(compact.select(key_sampled(compact.new_keys, rate, seed)))
     share = float(key_sampled(unique, rate, seed).mean()) if len(unique) else 0.0
     log.info("sample at rate %g (unit block): %d of %d requests, %.4g of the keys",
              rate, len(kept), len(compact), share)  # fmt: skip
@@ -649,6 +655,7 @@ def shards_curve(
     One row per capacity: ``capacity_blocks`` (full trace), ``sample_capacity_blocks``,
     ``block_hit_rate``, ``token_hit_rate`` (of the sample). Pass ``sample`` to reuse one.
     """
+    from skv.policies.registry import OFFLINE
     from skv.replay import replay_one, trace_totals
 
     sample = sample or sample_trace(trace, rate, seed=seed, unit=unit)
@@ -657,12 +664,15 @@ def shards_curve(
             f"sample at rate {sample.rate:g} kept no request of {len(trace)}; raise the rate"
         )
     totals = trace_totals(sample.trace)
+    strace = sample.trace
+    if policy in OFFLINE and not isinstance(strace, list):  # next uses need the whole list
+        strace = list(strace)
     rows = []
     for cap in capacities:
         if cap < 1:
             raise ValueError(f"capacity must be >= 1 block, got {cap}")
         scap = scaled_capacity(cap, sample)
-        row = replay_one(sample.trace, policy, scap, params=params, totals=totals, progress=False)
+        row = replay_one(strace, policy, scap, params=params, totals=totals, progress=False)
         rows.append(
             {
                 "policy": policy,

@@ -136,10 +136,10 @@ def _sampling_figure():
     rows = [
         row
         for label in ("chat A", "chat B")
-        for policy in ("lru", "vllm")
+        for policy in ("lru", "fifo", "vllm")
         for row in S.accuracy_rows(trace, label, policy, ["5%", "20%"], [0.5, 0.2], [0, 1])
     ]
-    return S.accuracy_figure(pd.DataFrame(rows), "Sampling accuracy")
+    return S.accuracy_figure(pd.DataFrame(rows), "Sampling accuracy", lines=["lru", "vllm"])
 
 
 def _paper_figures(docs: list[dict], curve) -> dict[str, object]:

@@ -74,7 +74,8 @@ def test_a_task_cuts_one_compact_trace_for_all_its_per_key_rates(trace, monkeypa
 
     built = _count_builds(monkeypatch, skv.compact_trace)
     rows = S.accuracy_rows(trace, "chat", "lru", ["5%"], [0.3, 0.1], [0, 1], unit="block")
-    assert len(built) == 1 and len(rows) == 4
+    # the trace once; each of the 4 samples is stored as one too (cut from it, not from a list)
+    assert built == ["list"] + ["cut"] * 4 and len(rows) == 4
 
 
 def _count_builds(monkeypatch, module) -> list:
@@ -82,9 +83,9 @@ def _count_builds(monkeypatch, module) -> list:
     real = module.CompactTrace
 
     class Counting(real):
-        def __init__(self, *a, **k):
-            built.append(1)
-            super().__init__(*a, **k)
+        def __init__(self, blocks, *a, **k):
+            built.append("list" if isinstance(blocks, list) else "cut")
+            super().__init__(blocks, *a, **k)
 
     monkeypatch.setattr(module, "CompactTrace", Counting)
     return built
@@ -222,6 +223,12 @@ def test_the_table_is_the_same_in_this_process_and_in_worker_processes(
         ({"quick": {"seeds": [-1]}}, "quick overrides: .*seeds"),
         ({"quick": {"policies": ["belady"]}}, r"quick\.policies: \[0\] belady is offline"),
         ({"quick": {"quick": {}}}, "quick.quick"),
+        ({"lines": ["fifo"]}, r"lines: \[0\] fifo is not one of the policies"),
+        # a quick policy list that leaves out a drawn line is caught too
+        (
+            {"lines": ["adaptive_semantic"], "quick": {"policies": ["lru"]}},
+            r"quick\.lines: \[0\] adaptive_semantic is not one",
+        ),
     ],
 )
 def test_a_bad_config_names_the_field(tmp_path, over, message):
@@ -305,6 +312,29 @@ def test_the_capacity_curve_builds_one_compact_trace_for_all_its_rates(trace, mo
         belady_points=0,
         unit="block",
     )
-    assert len(built) == 1
+    assert built == ["list", "cut", "cut"]  # the trace once, then each rate's sample
     assert {r["sample_rate"] for r in rows if r["method"] == "shards"} == {0.2, 0.1}
     assert all(math.isfinite(r["token_hit_rate"]) for r in rows)
+
+
+def test_the_figure_draws_the_chosen_lines_and_every_policy_below(trace):
+    """``lines`` picks the error curves; the summary row has a point for every policy, on the
+    log scale its spread needs, with the 1-point bar."""
+    import pandas as pd
+
+    rows = [
+        row
+        for policy in ("lru", "fifo", "vllm")
+        for row in S.accuracy_rows(trace, "chat", policy, ["5%", "20%"], [0.5, 0.2], [0, 1])
+    ]
+    fig = S.accuracy_figure(pd.DataFrame(rows), "t", lines=["vllm", "lru"])
+    *curves, every = fig.axes
+    assert len(curves) == 2  # one trace x two rates
+    for ax in curves:
+        assert [line.get_label() for line in ax.get_lines()][-2:] == ["vllm", "lru"]
+    assert [t.get_text() for t in every.get_xticklabels()] == ["lru", "fifo", "vllm"]
+    assert every.get_yscale() == "log"
+    assert len(every.containers) == 2  # one errorbar series per rate
+    assert S.ERROR_BAR_PTS in [line.get_ydata()[0] for line in every.get_lines()]
+    everything = S.accuracy_figure(pd.DataFrame(rows), "t")
+    assert [ln.get_label() for ln in everything.axes[0].get_lines()][-3:] == ["lru", "fifo", "vllm"]

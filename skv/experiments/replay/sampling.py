@@ -68,6 +68,9 @@ class SamplingConfig(BaseModel):
     capacities: list[str] = Field(min_length=1, max_length=MAX_SWEEP_LIST)
     rates: list[Annotated[float, Field(gt=0, lt=1)]] = Field(min_length=1, max_length=16)
     seeds: list[Annotated[int, Field(ge=0)]] = Field(min_length=1, max_length=MAX_SWEEP_LIST)
+    #: the policies the figure draws error curves for (every policy gets a point in its summary
+    #: row); each must be in ``policies``; empty: all of them
+    lines: list[str] = Field(default_factory=list, max_length=16)
     unit: str = "auto"
     metric: str = "token_hit_rate"
     quick: dict[str, Any] = Field(default_factory=dict)
@@ -115,6 +118,9 @@ def _problems(cfg: SamplingConfig, prefix: str, only: set[str] | None = None) ->
             bad("policies", f"[{i}] {exc}")
         if name in OFFLINE:
             bad("policies", f"[{i}] {name} is offline (a sample has no next-use oracle)")
+    for i, name in enumerate(cfg.lines):
+        if name not in cfg.policies and (only is None or only & {"lines", "policies"}):
+            out.append(f"{prefix}lines: [{i}] {name} is not one of the policies")
     for i, spec in enumerate(cfg.capacities):
         try:
             _share(spec)
@@ -333,27 +339,40 @@ def summary(df: pd.DataFrame, metric: str = "token_hit_rate") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def accuracy_figure(df: pd.DataFrame, title: str, metric: str = "token_hit_rate") -> Figure:
-    """Signed error (sampled - full, points) against capacity (share of the trace's unique
-    blocks): one panel per (trace, rate), one line per policy (mean over seeds) with the seeds'
-    range shaded; the +-1 point bar grey. Every policy in colour."""
+def accuracy_figure(
+    df: pd.DataFrame,
+    title: str,
+    metric: str = "token_hit_rate",
+    lines: Sequence[str] = (),
+) -> Figure:
+    """Top: signed error (sampled - full, points) against capacity (share of the trace's unique
+    blocks), one panel per (trace, rate), one line per policy of ``lines`` (default: every
+    policy; mean over seeds) with the seeds' range shaded, the +-1 point bar grey. Bottom: every
+    policy's max absolute error over the capacities (mean over seeds; bars: the seeds' range),
+    one marker per (trace, rate), on a log scale with the bar drawn."""
     from skv.experiments.plotstyle import figure, paper_style, plain_ticks, policy_style
 
     e = with_errors(df, metric)
     e["share_pct"] = [float(c.strip().rstrip("%")) for c in e["capacity"]]
     traces = list(dict.fromkeys(e["trace"]))
     rates = sorted(set(e["rate"]), reverse=True)
+    drawn = list(lines) or list(dict.fromkeys(e["policy"]))
     with paper_style():
-        fig = figure("text", 0.5 + 1.6 * len(traces))
-        axes = fig.subplots(len(traces), len(rates), squeeze=False, sharex=True)
+        fig = figure("text", 0.5 + 1.6 * len(traces) + 1.5)
+        grid = fig.add_gridspec(len(traces) + 1, len(rates))
+        axes = [
+            [fig.add_subplot(grid[i, j]) for j in range(len(rates))] for i in range(len(traces))
+        ]
         for i, trace in enumerate(traces):
             for j, rate in enumerate(rates):
                 ax = axes[i][j]
                 ax.axhspan(-ERROR_BAR_PTS, ERROR_BAR_PTS, color="0.9", lw=0)
                 ax.axhline(0, color="0.5", lw=0.6)
                 d = e[(e["trace"] == trace) & (e["rate"] == rate)]
-                for policy in dict.fromkeys(d["policy"]):
+                for policy in drawn:
                     g = d[d["policy"] == policy].groupby("share_pct", sort=True)["error_pts"]
+                    if not len(g):
+                        continue
                     style = policy_style(policy, highlight=None)
                     x = g.mean().index.to_numpy()
                     ax.plot(x, g.mean().to_numpy(), label=policy, **style)
@@ -365,10 +384,47 @@ def accuracy_figure(df: pd.DataFrame, title: str, metric: str = "token_hit_rate"
                 ax.set_title(f"{trace}, R = {rate:g} (unit: {unit})", fontsize=7)
                 if j == 0:
                     ax.set_ylabel("sampled - full (points)")
-                if i == len(traces) - 1:
-                    ax.set_xlabel("cache (% of the unique blocks)")
+                ax.set_xlabel("cache (% of the unique blocks)", fontsize=6)
         handles, labels = axes[0][0].get_legend_handles_labels()
-        fig.legend(handles, labels, frameon=False, loc="lower center", ncols=len(labels))
+        fig.legend(handles, labels, frameon=False, loc="upper center", ncols=len(labels),
+                   bbox_to_anchor=(0.5, 0.955))  # fmt: skip
+        _every_policy_panel(
+            fig.add_subplot(grid[len(traces), :]),
+            seed_errors(df, metric),
+            list(dict.fromkeys(df["policy"])),
+        )
         fig.suptitle(title, fontsize=8)
-        fig.set_layout_engine("tight", rect=(0, 0.06, 1, 1))
+        fig.set_layout_engine("tight", rect=(0, 0, 1, 0.95))
     return fig
+
+
+def _every_policy_panel(ax: Any, per: pd.DataFrame, policies: list[str]) -> None:
+    """Each policy's max absolute error (mean over seeds, seeds' range as a bar), one marker
+    per (trace, rate), side by side, policies in the order given."""
+    import numpy as np
+
+    per = per.dropna(subset=["max_abs_pts"])
+    policies = [p for p in policies if p in set(per["policy"])]
+    traces = list(dict.fromkeys(per["trace"]))
+    series = sorted(
+        set(zip(per["trace"], per["rate"], strict=True)),
+        key=lambda tr: (traces.index(tr[0]), -tr[1]),
+    )  # as the panels above: trace by trace, the higher rate first
+    markers = "osD^v<>"
+    width = 0.7 / max(1, len(series))
+    for k, (trace, rate) in enumerate(series):
+        d = per[(per["trace"] == trace) & (per["rate"] == rate)].groupby("policy")["max_abs_pts"]
+        mean, lo, hi = d.mean(), d.min(), d.max()
+        x = np.array([policies.index(p) for p in mean.index]) + (k - (len(series) - 1) / 2) * width
+        ax.errorbar(x, mean.to_numpy(), yerr=[(mean - lo).to_numpy(), (hi - mean).to_numpy()],
+                    fmt=markers[k % len(markers)], ms=3, lw=0.6, capsize=1.2,
+                    label=f"{trace}, R = {rate:g}")  # fmt: skip
+    ax.axhline(ERROR_BAR_PTS, color="0.5", lw=0.6, ls="--")
+    ax.set_yscale("log")
+    low, high = ax.get_ylim()
+    ax.set_ylim(low, high * 30)  # room for the legend above the points
+    ax.set_xticks(range(len(policies)), policies, rotation=30, ha="right", fontsize=6)
+    ax.set_ylabel("max |error| (points)")
+    ax.set_xlabel("policy", fontsize=6)
+    ax.set_title("every policy: the largest error over the capacities (seeds' range)", fontsize=7)
+    ax.legend(frameon=False, fontsize=5.5, ncols=len(series), loc="upper left")

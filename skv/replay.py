@@ -22,6 +22,7 @@ from tqdm import tqdm
 from skv.blocks import RequestBlocks, annotate_next_use, tally_blocks
 from skv.blocks import compile_trace as compile_trace  # re-exported: the usual import site
 from skv.cache.node_replay import NodeReplay
+from skv.cache.node_replay import replays as node_replays
 from skv.compact_trace import CompactTrace
 from skv.fileio import atomic_dir, atomic_write
 from skv.model import NUM_TYPES, TYPES
@@ -85,7 +86,7 @@ def replay_one(
     """Replay ``trace`` through one policy at one capacity; returns one result row."""
     totals = totals or trace_totals(trace)
     compact = isinstance(trace, CompactTrace)
-    by_node = compact and policy in NODE_POLICIES and not params and trace.one_chain
+    by_node = policy in NODE_POLICIES and not params and node_replays(trace, vllm=policy == "vllm")
     # lru or vllm on a prefix-keyed compact trace: the same choices, a radix node at a time
     cache = (
         NodeReplay(capacity_blocks, vllm=policy == "vllm")

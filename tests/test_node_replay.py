@@ -29,7 +29,7 @@ from skv.traces import load_trace, trace_dir
 T = SemanticType
 
 
-def _forest(seed: int, n: int = 160) -> list[Request]:
+def _forest(seed: int, n: int = 160, repeat: float = 0.2) -> list[Request]:
     """Requests walking a random prefix forest of hash ids: each extends a random earlier
     prompt cut at a random block (deep and shallow branches, many owners on one path), or
     (1 in 5) repeats one exactly, in 3 sessions plus a session-less stream, with mixed types
@@ -39,7 +39,7 @@ def _forest(seed: int, n: int = 160) -> list[Request]:
     out = []
     for i in range(n):
         base, base_tokens = rng.choice(prompts)
-        if base and rng.random() < 0.2:  # vllm: a repeated block-aligned prompt adds a copy
+        if base and rng.random() < repeat:  # vllm: a repeated block-aligned prompt adds a copy
             ids, tokens = base, base_tokens
         else:
             ids = base[: rng.randint(0, len(base))] + [
@@ -86,6 +86,44 @@ def test_random_forests_replay_exactly(seed, policy):
     full = compile_trace(requests, None, "prefix")
     assert CompactTrace(iter(full)).one_chain
     _compare(full, policy, _caps(full) + ([1] if policy == "lru" else []))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_vllm_copies_answer_lookups_oldest_first(seed):
+    """Half the requests repeat an earlier prompt: keys with several copies, evicted and
+    looked up in every order, at every capacity from 2 blocks to all of them."""
+    full = compile_trace(_forest(seed, n=200, repeat=0.5), None, "prefix")
+    u = trace_totals(full).unique_blocks
+    _compare(full, "vllm", sorted({2, *range(3, u + 3, max(1, u // 25))}))
+
+
+def _mid_partial(tail: int, n: int = 30) -> list[Request]:
+    """One chain per request in segment keying (no reusable segment restarts it), with a
+    partial block before the last: each segment is cut into blocks from its own start (tokens
+    4, 1, 4, 3 with ``tail`` 7; 4, 1, 1 with ``tail`` 1, two partial blocks in one run)."""
+
+    def segs(i: int) -> list:
+        return [seg(T.USER_QUERY, 5, f"q{i % 4}"), seg(T.USER_QUERY, tail, f"a{i % 3}")]
+
+    return [Request(f"r{i}", float(i), segs(i)) for i in range(n)]
+
+
+@pytest.mark.parametrize("tail", [7, 1])
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_partial_block_mid_request_keeps_vllm_block_by_block(policy, tail):
+    """vLLM hashes the full blocks after a partial one, which no lookup reaches: the node
+    replay does not model that, so such a trace replays vllm block by block (and lru, which
+    caches partial blocks, by node); the rows are the block replay's either way."""
+    from skv.cache.node_replay import replays
+
+    full = compile_trace(_mid_partial(tail), 4, "segment")
+    ct = CompactTrace(iter(full))
+    assert ct.one_chain and any(t != 4 for rb in full for t in rb.tokens[:-1])
+    assert replays(ct, vllm=policy == "vllm") == (policy == "lru")
+    _compare(full, policy, [2, 3, 5, 9])
+    if policy == "vllm":
+        with pytest.raises(ValueError, match="partial blocks last"):
+            NodeReplay(5, vllm=True).replay(ct)
 
 
 def test_the_forests_make_vllm_copies():

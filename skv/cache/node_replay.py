@@ -50,10 +50,29 @@ from array import array
 from collections import deque
 
 import cython
+import numpy as np
 
 from skv.cache.block import CacheStats, Counters, GhostList
 from skv.compact_trace import CompactTrace
 from skv.policies.lru import LRU
+
+
+def replays(trace: object, *, vllm: bool = False) -> bool:
+    """Whether :class:`NodeReplay` can replay ``trace``: a :class:`CompactTrace` of one chain
+    per request, and for vllm no partial block before a request's last (segment keying can cut
+    one there; vLLM hashes the full blocks after it, which no lookup reaches)."""
+    if not isinstance(trace, CompactTrace) or not trace.one_chain:
+        return False
+    if not vllm:
+        return True
+    vals, lens, at = trace.runs("tokens")
+    if not len(vals):
+        return True
+    owner = np.repeat(np.arange(len(at) - 1), np.diff(at))
+    partial = vals != trace.per_request("block_size")[owner]
+    last = np.zeros(len(vals), dtype=bool)
+    last[at[1:][np.diff(at) > 0] - 1] = True
+    return not np.any(partial & (~last | (lens != 1)))
 
 
 class _Node:
@@ -125,10 +144,10 @@ class NodeReplay:
         """Replay requests ``start..stop-1`` of ``trace``, continuing where the last call ended
         (calls go through one trace in order)."""
         if self._trace is None:
-            if not trace.one_chain:
+            if not replays(trace, vllm=self.vllm):
                 raise ValueError(
-                    "NodeReplay needs one chain per request (prefix keying); segment keying "
-                    "restarts chains: replay it block by block"
+                    "NodeReplay needs one chain per request (prefix keying; segment keying "
+                    "restarts chains) and for vllm partial blocks last: replay it block by block"
                 )
             self._trace = trace
             pred, shared, _, self._new_keys, new_at = trace.key_deltas()

@@ -274,9 +274,9 @@ class NodeReplay:
         key = keys[d]
         node: _Node = self._where[key]
         start: _Node = node
-        while d < node.lo:
+        while d < node.lo and node.parent is not None:
             node = node.parent
-        if not d < node.hi:
+        if not node.lo <= d < node.hi:  # a key at two depths: a 64-bit key collision
             raise AssertionError(f"key {key:#x} at depth {d} maps outside its node")
         if node is not start:
             self._where[key] = node

@@ -26,7 +26,7 @@ from skv.cache.node_replay import replays as node_replays
 from skv.compact_trace import CompactTrace
 from skv.fileio import atomic_dir, atomic_write
 from skv.model import NUM_TYPES, TYPES
-from skv.policies.registry import OFFLINE, make_cache, policy_class
+from skv.policies.registry import OFFLINE, make_cache, make_policy, policy_class
 from skv.runtime import no_cyclic_gc
 from skv.sizing import Capacity
 
@@ -88,11 +88,12 @@ def replay_one(
     compact = isinstance(trace, CompactTrace)
     by_node = policy in NODE_POLICIES and not params and node_replays(trace, vllm=policy == "vllm")
     # lru or vllm on a prefix-keyed compact trace: the same choices, a radix node at a time
-    cache = (
-        NodeReplay(capacity_blocks, vllm=policy == "vllm")
-        if by_node
-        else make_cache(policy, capacity_blocks, params)
-    )
+    if by_node:  # lru's policy object only for its params() in the row; vllm has none
+        vllm = policy == "vllm"
+        lru = None if vllm else make_policy(policy)
+        cache = NodeReplay(capacity_blocks, vllm=vllm, policy=lru)
+    else:
+        cache = make_cache(policy, capacity_blocks, params)
     if policy in OFFLINE:
         if compact:
             raise ValueError(

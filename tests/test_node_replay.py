@@ -159,9 +159,9 @@ def test_replay_one_uses_nodes_for_lru_and_vllm_on_a_prefix_compact_trace(monkey
     made = []
 
     class Spy(NodeReplay):
-        def __init__(self, cap, *, vllm=False):
-            made.append((cap, vllm))
-            super().__init__(cap, vllm=vllm)
+        def __init__(self, cap, **kw):
+            made.append((cap, kw["vllm"]))
+            super().__init__(cap, **kw)
 
     monkeypatch.setattr(replay_module, "NodeReplay", Spy)
     full, ct = _both(_hash_id_sessions, "prefix", False)

@@ -54,7 +54,6 @@ import numpy as np
 
 from skv.cache.block import CacheStats, Counters, GhostList
 from skv.compact_trace import CompactTrace
-from skv.policies.lru import LRU
 
 
 def replays(trace: object, *, vllm: bool = False) -> bool:
@@ -102,7 +101,9 @@ class NodeReplay:
     """The ``lru`` block cache, or with ``vllm`` vLLM's block pool, as radix nodes; see the
     module docstring. ``replay`` only."""
 
-    def __init__(self, capacity_blocks: int, *, vllm: bool = False) -> None:
+    def __init__(self, capacity_blocks: int, *, vllm: bool = False, policy: object = None) -> None:
+        """``policy``: the lru policy object whose choices these are, for its ``params()`` in
+        the results (never consulted; the cache does not import policies)."""
         if capacity_blocks < (2 if vllm else 1):
             raise ValueError(
                 f"vllm needs >= 2 blocks (one is the null block), got {capacity_blocks}"
@@ -112,8 +113,7 @@ class NodeReplay:
         self.capacity_blocks = capacity_blocks
         self.vllm = vllm
         self.name = "vllm" if vllm else "lru"
-        # whose choices these are: lru's params (none) go into the results; vllm has no policy
-        self.policy = None if vllm else LRU()
+        self.policy = policy
         self.ghost = GhostList(0)  # neither learns from evicted keys
         self.counters = Counters()
         self._where = {}  # key -> the node it was inserted into (or one below its node)

@@ -68,10 +68,12 @@ def _timed(fn, *args) -> float:
 
 @pytest.fixture(scope="module")
 def bound() -> float:
-    """Seconds allowed per 1 MB input: 30x plain prose of the same size, at least 2 s."""
+    """Seconds allowed per 1 MB input: 30x plain prose of the same size, at least 5 s. The
+    slowest rule takes 0.57 s on the idle 2-core VM (2026-12-01) and took 2.03 s once in a full
+    run, over the 2 s floor this had; a quadratic rule takes tens of seconds (44 s before)."""
     prose = _fill("The parties agree that the deliverables are due in May. \n")
     base = min(_timed(split_text, prose, role) for role in (USER, ASSISTANT) for _ in range(2))
-    return max(2.0, 30 * base)
+    return max(5.0, 30 * base)
 
 
 def test_every_rule_has_adversarial_inputs():

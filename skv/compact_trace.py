@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
+from functools import cached_property
 from typing import overload
 
 import numpy as np
@@ -170,12 +171,25 @@ class CompactTrace(Sequence[RequestBlocks]):
         (read-only; :meth:`select` takes one verdict per entry)."""
         return _read_only(self._new_keys)
 
-    @property
+    @cached_property
     def one_chain(self) -> bool:
         """Every request is a single chain from its first block (prefix keying: no segment
         restarts a chain), so a key's depth is its position in any request holding it."""
         n_starts = np.diff(self._starts_at)
         return bool(np.array_equal(n_starts, self._n_keys > 0) and not self._starts.any())
+
+    @cached_property
+    def partial_blocks_last(self) -> bool:
+        """No request has a partial block (fewer tokens than its block size) before its last
+        block (segment keying cuts each segment from its own start, so it can)."""
+        vals, lens, at = self._runs["tokens"]
+        if not len(vals):
+            return True
+        owner = np.repeat(np.arange(len(at) - 1), np.diff(at))
+        partial = vals != self._block_size[owner]
+        last = np.zeros(len(vals), dtype=bool)
+        last[at[1:][np.diff(at) > 0] - 1] = True
+        return not np.any(partial & (~last | (lens != 1)))
 
     def key_deltas(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The key store as read-only arrays, one entry per request unless said: predecessor

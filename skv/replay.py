@@ -86,10 +86,10 @@ def replay_one(
     """Replay ``trace`` through one policy at one capacity; returns one result row."""
     totals = totals or trace_totals(trace)
     compact = isinstance(trace, CompactTrace)
-    by_node = policy in NODE_POLICIES and not params and node_replays(trace, vllm=policy == "vllm")
+    vllm = policy == "vllm"
+    by_node = policy in NODE_POLICIES and not params and node_replays(trace, vllm=vllm)
     # lru or vllm on a prefix-keyed compact trace: the same choices, a radix node at a time
     if by_node:  # lru's policy object only for its params() in the row; vllm has none
-        vllm = policy == "vllm"
         lru = None if vllm else make_policy(policy)
         cache = NodeReplay(capacity_blocks, vllm=vllm, policy=lru)
     else:

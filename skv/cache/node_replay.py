@@ -50,7 +50,6 @@ from array import array
 from collections import deque
 
 import cython
-import numpy as np
 
 from skv.cache.block import CacheStats, Counters, GhostList
 from skv.compact_trace import CompactTrace
@@ -62,16 +61,7 @@ def replays(trace: object, *, vllm: bool = False) -> bool:
     one there; vLLM hashes the full blocks after it, which no lookup reaches)."""
     if not isinstance(trace, CompactTrace) or not trace.one_chain:
         return False
-    if not vllm:
-        return True
-    vals, lens, at = trace.runs("tokens")
-    if not len(vals):
-        return True
-    owner = np.repeat(np.arange(len(at) - 1), np.diff(at))
-    partial = vals != trace.per_request("block_size")[owner]
-    last = np.zeros(len(vals), dtype=bool)
-    last[at[1:][np.diff(at) > 0] - 1] = True
-    return not np.any(partial & (~last | (lens != 1)))
+    return not vllm or trace.partial_blocks_last
 
 
 class _Node:

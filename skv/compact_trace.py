@@ -90,24 +90,40 @@ class CompactTrace(Sequence[RequestBlocks]):
             n_starts.append(len(chain_starts))
             for f, (vals, lens, count) in runs.items():
                 count.append(_encode_runs(getattr(rb, f), vals, lens))
-        self._index = _np(index)
-        self._arrival = _np(arrival)
-        self._turn = _np(turn)
-        self._templated = _np(templated).astype(bool)
-        self._block_size = _np(block_size)
-        self._prompt = _np(prompt)
-        self._pred = _np(pred)
-        self._shared = _np(shared)
-        self._n_keys = _np(n_keys)
-        self._new_keys = _np(new_keys)
-        self._new_at = _offsets(self._n_keys - self._shared)
-        self._access_at = _offsets(self._n_keys)
-        self._starts = _np(starts)
-        self._starts_at = _offsets(_np(n_starts))
-        self._runs = {
-            f: (_np(vals), _np(lens), _offsets(_np(count)))
-            for f, (vals, lens, count) in runs.items()
-        }
+        self._assign(
+            _np(index),
+            _np(arrival),
+            _np(turn),
+            _np(templated).astype(bool),
+            _np(block_size),
+            _np(prompt),
+            _np(pred),
+            _np(shared),
+            _np(n_keys),
+            _np(new_keys),
+            _np(starts),
+            _np(n_starts),
+            {f: tuple(_np(a) for a in r) for f, r in runs.items()},
+        )
+
+    def _assign(self, index, arrival, turn, templated, block_size, prompt, pred, shared, n_keys,
+                new_keys, starts, n_starts, runs) -> None:  # fmt: skip
+        """Store the columns (``runs``: field -> run values, run lengths, runs per request)."""
+        self._index = index
+        self._arrival = arrival
+        self._turn = turn
+        self._templated = templated
+        self._block_size = block_size
+        self._prompt = prompt
+        self._pred = pred
+        self._shared = shared
+        self._n_keys = n_keys
+        self._new_keys = new_keys
+        self._new_at = _offsets(n_keys - shared)
+        self._access_at = _offsets(n_keys)
+        self._starts = starts
+        self._starts_at = _offsets(n_starts)
+        self._runs = {f: (vals, lens, _offsets(count)) for f, (vals, lens, count) in runs.items()}
         self._live: dict[int, list] = {}  # the key lists a later request copies its prefix from
         self._cursor = 0
 
@@ -215,69 +231,114 @@ class CompactTrace(Sequence[RequestBlocks]):
             raise ValueError(f"no per-request field {field!r}; one of {', '.join(arrays)}")
         return _read_only(arrays[field])
 
-    def select(self, keep: np.ndarray) -> Iterator[RequestBlocks]:
+    def cut(self, keep: np.ndarray) -> CompactTrace:
         """Every request cut down to the blocks whose stored key ``keep`` marks (``keep[k]``
-        decides ``new_keys[k]``); requests left with no block are skipped, the rest numbered
-        ``0..`` in trace order. For a per-key filter (a verdict that depends on the key alone).
+        decides ``new_keys[k]``), as a new trace; requests left with no block are dropped, the
+        rest numbered ``0..`` in trace order. For a per-key filter (a verdict that depends on
+        the key alone), such as per-key SHARDS sampling.
 
-        A block of a turn's shared prefix has its predecessor's key, so it takes that verdict
-        without being looked at: the cost is O(stored keys + kept blocks + requests), not
-        O(block accesses). A kept block's parent is the nearest kept block before it in its
-        chain (none for a chain's first kept block), so prefix semantics hold within the cut.
-        Tokens, types and segment sizes are the block's own; ``prompt_tokens`` is the kept
-        tokens' sum unless every block is kept."""
+        A kept block's parent is the nearest kept block before it in its chain (none for a
+        chain's first kept block), so prefix semantics hold within the cut. Tokens, types and
+        segment sizes are the block's own; ``prompt_tokens`` is the kept tokens' sum unless
+        every block is kept.
+
+        Built column to column, never request by request: a block of a turn's shared prefix has
+        its predecessor's key, hence its verdict, so a request's kept prefix is its
+        predecessor's first kept blocks. One pass in request order counts them (O(1) per
+        request; a request that shares less than its predecessor did looks further back, once
+        per such step); kept positions are filled for the new keys at once and copied from the
+        predecessor for the prefix; the run-length fields are read at the kept positions. Cost:
+        O(stored keys + kept blocks + requests), not O(block accesses)."""
         keep = np.asarray(keep, dtype=bool)
         if keep.shape != self._new_keys.shape:
             raise ValueError(f"keep has {keep.size} verdicts for {self._new_keys.size} keys")
-        live: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        kept = 0
-        for i in range(len(self)):
-            a, b = int(self._new_at[i]), int(self._new_at[i + 1])
-            sel = np.flatnonzero(keep[a:b])
-            new_keys = self._new_keys[a + sel]
-            p, s = int(self._pred[i]), int(self._shared[i])
-            if p == _NONE:
-                pos, keys = sel, new_keys
-            else:
-                prev_pos, prev_keys = live.pop(p)
-                m = int(np.searchsorted(prev_pos, s))
-                pos = np.concatenate((prev_pos[:m], sel + s))
-                keys = np.concatenate((prev_keys[:m], new_keys))
-            live[i] = (pos, keys)
-            if len(pos):
-                yield self._build_cut(i, kept, pos, keys.tolist())
-                kept += 1
-
-    def _build_cut(self, i: int, index: int, pos: np.ndarray, keys: list) -> RequestBlocks:
-        """Request ``i``'s blocks at positions ``pos`` (ascending), with keys ``keys``."""
-        starts = self._starts[self._starts_at[i] : self._starts_at[i + 1]]
-        chain = np.searchsorted(starts, pos, "right")
-        parents: list = [None, *keys[:-1]]
-        for j in np.flatnonzero(chain[1:] != chain[:-1]).tolist():
-            parents[j + 1] = None
-        tokens = self._decode_at("tokens", i, pos)
-        whole = len(keys) == int(self._n_keys[i])
-        return RequestBlocks(
-            index=index,
-            arrival_s=float(self._arrival[i]),
-            keys=keys,
-            parents=parents,
-            tokens=tokens,
-            stypes=self._decode_at("stypes", i, pos),
-            seg_tokens=self._decode_at("seg_tokens", i, pos),
-            session=self._sessions[i],
-            turn=int(self._turn[i]),
-            templated=bool(self._templated[i]),
-            block_size=int(self._block_size[i]),
-            prompt_tokens=int(self._prompt[i]) if whole else sum(tokens),
+        n = len(self)
+        before = _offsets(keep)  # kept stored keys before each index
+        new_at = self._new_at
+        kept_new = before[new_at[1:]] - before[new_at[:-1]]
+        kept_prefix, cut_pred = self._kept_prefix(before, kept_new)
+        total = kept_prefix + kept_new
+        rows = np.flatnonzero(total)  # the requests that keep a block, in trace order
+        renumber = np.full(n + 1, _NONE, dtype=np.int64)  # [-1] stays -1: no predecessor
+        renumber[rows] = np.arange(len(rows))
+        counts = total[rows]
+        slot_at = _offsets(counts)
+        pos = np.empty(int(slot_at[-1]), dtype=np.int64)  # kept positions, request by request
+        stored = np.flatnonzero(keep)  # kept new keys, request by request
+        owner = np.searchsorted(new_at, stored, "right") - 1
+        rank = before[stored] - before[new_at[owner]]  # among its request's kept new keys
+        pos[slot_at[renumber[owner]] + kept_prefix[owner] + rank] = (
+            self._shared[owner] + stored - new_at[owner]
         )
+        sources = renumber[cut_pred[rows]]
+        copies = zip(sources.tolist(), kept_prefix[rows].tolist(), strict=True)
+        for r, (src, k) in enumerate(copies):
+            if k:  # the predecessor's slots are filled: it comes first
+                pos[slot_at[r] : slot_at[r] + k] = pos[slot_at[src] : slot_at[src] + k]
+        first = np.zeros(len(pos), dtype=bool)
+        first[slot_at[:-1]] = True
+        at = np.repeat(self._access_at[rows], counts) + pos  # each kept block's access index
+        starts_of = np.repeat(self._access_at[:-1], np.diff(self._starts_at)) + self._starts
+        chain = np.searchsorted(starts_of, at, "right")
+        chain_starts = first | _changes(chain)
+        runs = {f: self._runs_at(f, at, first, slot_at) for f in self._runs}
+        tok_vals, tok_lens, tok_count = runs["tokens"]
+        tokens_before = _offsets(tok_vals * tok_lens)
+        run_at = _offsets(tok_count)
+        kept_tokens = tokens_before[run_at[1:]] - tokens_before[run_at[:-1]]
+        whole = counts == self._n_keys[rows]
+        out = CompactTrace.__new__(CompactTrace)
+        out._sessions = [self._sessions[i] for i in rows.tolist()]
+        out._assign(
+            np.arange(len(rows), dtype=np.int64), self._arrival[rows], self._turn[rows],
+            self._templated[rows], self._block_size[rows],
+            np.where(whole, self._prompt[rows], kept_tokens), sources, kept_prefix[rows], counts,
+            self._new_keys[stored], (np.arange(len(pos)) - np.repeat(slot_at[:-1], counts))[
+                chain_starts], _per_group(chain_starts, slot_at), runs,
+        )  # fmt: skip
+        return out
 
-    def _decode_at(self, field: str, i: int, pos: np.ndarray) -> list:
-        """Request ``i``'s run-length encoded ``field`` at positions ``pos`` only."""
-        vals, lens, at = self._runs[field]
-        a, b = at[i], at[i + 1]
-        ends = np.cumsum(lens[a:b])
-        return vals[a:b][np.searchsorted(ends, pos, "right")].tolist()
+    def _kept_prefix(
+        self, before: np.ndarray, kept_new: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """For :meth:`cut`: each request's kept blocks in its shared prefix, and its nearest
+        predecessor that keeps a block (``-1``: none). Positions below ``shared[i]`` of request
+        ``i`` are its predecessor ``p``'s; if ``shared[i] >= shared[p]`` those are ``p``'s
+        kept prefix plus some of ``p``'s kept new keys (the usual case: a turn extends the
+        last), else positions below ``shared[i]`` are ``p``'s predecessor's too: look there."""
+        pred, shared = self._pred.tolist(), self._shared.tolist()
+        new_at = self._new_at
+        p = np.maximum(self._pred, 0)
+        # kept new keys of the predecessor below shared[i] (meaningful where shared[i] >= shared[p])
+        upto = new_at[p] + np.maximum(self._shared - self._shared[p], 0)
+        from_pred = (before[np.minimum(upto, new_at[p + 1])] - before[new_at[p]]).tolist()
+        kept_new_l = kept_new.tolist()
+        kept_prefix = [0] * len(pred)
+        keeper = [_NONE] * len(pred)  # the latest request up to i (in i's chain) keeping a block
+        cut_pred = [_NONE] * len(pred)
+        for i, j in enumerate(pred):
+            if j != _NONE:
+                cut_pred[i] = keeper[j]
+                s = shared[i]
+                if s >= shared[j]:
+                    kept_prefix[i] = kept_prefix[j] + from_pred[i]
+                else:
+                    while s < shared[j]:
+                        j = pred[j]
+                    a = int(new_at[j])
+                    kept_prefix[i] = kept_prefix[j] + int(before[a + s - shared[j]] - before[a])
+            keeper[i] = i if kept_prefix[i] or kept_new_l[i] else cut_pred[i]
+        return np.array(kept_prefix, dtype=np.int64), np.array(cut_pred, dtype=np.int64)
+
+    def _runs_at(self, field: str, at: np.ndarray, first: np.ndarray, slot_at: np.ndarray):
+        """For :meth:`cut`: ``field`` at the access indices ``at``, run-length encoded again
+        per kept request (``first`` marks each request's first slot): values, lengths, runs
+        per request."""
+        vals, lens, _ = self._runs[field]
+        values = vals[np.searchsorted(np.cumsum(lens), at, "right")]
+        heads = np.flatnonzero(first | _changes(values))
+        run_lens = np.diff(np.append(heads, len(values)))
+        return values[heads], run_lens, _per_group_heads(heads, slot_at)
 
     def arrival_s(self, i: int) -> float:
         """Request ``i``'s arrival time, without rebuilding it."""
@@ -401,3 +462,19 @@ def _offsets(counts: np.ndarray) -> np.ndarray:
     out = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=out[1:])
     return out
+
+
+def _changes(a: np.ndarray) -> np.ndarray:
+    """Where ``a`` differs from the entry before it (the first entry: True)."""
+    out = np.ones(len(a), dtype=bool)
+    np.not_equal(a[1:], a[:-1], out=out[1:])
+    return out
+
+
+def _per_group(marks: np.ndarray, group_at: np.ndarray) -> np.ndarray:
+    """How many ``marks`` fall in each group (``group_at``: the groups' offsets)."""
+    return _per_group_heads(np.flatnonzero(marks), group_at)
+
+
+def _per_group_heads(heads: np.ndarray, group_at: np.ndarray) -> np.ndarray:
+    return np.diff(np.searchsorted(heads, group_at))

@@ -617,11 +617,9 @@ def _sample_blocks(compact: Any, unique: np.ndarray, rate: float, seed: int) -> 
     verdicts for the stored keys at once, and a turn's shared prefix inherits its predecessor's
     cut, so the cost is O(unique keys per session + kept blocks + requests), not O(block
     accesses)."""
-    from skv.compact_trace import CompactTrace
-
     # stored compactly too: a per-key sample of a big trace is big (11.3M accesses at R = 0.1
     # of the 20x Claude Code scale-up), and lru and vllm replay it a node at a time
-    kept = CompactTrace(compact.select(key_sampled(compact.new_keys, rate, seed)))
+    kept = compact.cut(key_sampled(compact.new_keys, rate, seed))
     share = float(key_sampled(unique, rate, seed).mean()) if len(unique) else 0.0
     log.info("sample at rate %g (unit block): %d of %d requests, %.4g of the keys",
              rate, len(kept), len(compact), share)  # fmt: skip

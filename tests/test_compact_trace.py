@@ -178,19 +178,27 @@ def _keep_share(share: float):
 @pytest.mark.parametrize("share", [0.0, 0.1, 0.5, 0.9, 1.0])
 @pytest.mark.parametrize(("name", "make", "mode", "salt"), CASES, ids=[c[0] for c in CASES])
 def test_a_per_key_cut_equals_cutting_every_block(name, make, mode, salt, share):
-    """``select`` looks only at the stored keys (a turn's shared prefix inherits its
-    predecessor's cut) and gives what cutting every block of every request gives."""
+    """``cut`` looks only at the stored keys (a turn's shared prefix inherits its
+    predecessor's cut) and gives what cutting every block of every request gives. Its key store
+    chains each request to the previous kept request of its session, as encoding the cut
+    requests would, so reading it keeps one key list per session."""
     full, ct = _both(make, mode, salt)
     keep_key = _keep_share(share)
     keep = np.array([keep_key(k) for k in ct.new_keys.tolist()], dtype=bool)
-    cut = list(ct.select(keep))
+    compact_cut = ct.cut(keep)
+    cut = list(compact_cut)
     assert cut == _cut_block_by_block(full, keep_key)
+    pred, shared, *_ = compact_cut.key_deltas()
+    encoded_pred, encoded_shared, *_ = CompactTrace(cut).key_deltas()
+    assert pred.tolist() == encoded_pred.tolist()
+    # a shared prefix, at most the common one (less where a dropped request came between)
+    assert np.all(shared <= encoded_shared)
     if share == 1.0:  # every request with a block, whole
         assert [(r.keys, r.parents) for r in cut] == [(r.keys, r.parents) for r in full if r.keys]
     if share == 0.0:
         assert cut == []
     with pytest.raises(ValueError, match="verdicts"):
-        next(ct.select(keep[:-1]))
+        ct.cut(keep[:-1])
 
 
 def test_a_cut_request_counts_its_kept_tokens_and_a_whole_one_keeps_its_prompt():
@@ -198,8 +206,8 @@ def test_a_cut_request_counts_its_kept_tokens_and_a_whole_one_keeps_its_prompt()
                        stypes=[0, 0], seg_tokens=[8, 8], session=None, turn=0, templated=False,
                        block_size=4, prompt_tokens=10)  # fmt: skip
     ct = CompactTrace([rb])
-    assert [r.prompt_tokens for r in ct.select(np.array([True, True]))] == [10]
-    (cut,) = ct.select(np.array([False, True]))
+    assert [r.prompt_tokens for r in ct.cut(np.array([True, True]))] == [10]
+    (cut,) = ct.cut(np.array([False, True]))
     assert (cut.keys, cut.parents, cut.prompt_tokens) == ([6], [None], 4)
 
 
@@ -267,4 +275,4 @@ def test_real_traces_rebuild_and_cut_per_key_exactly(name, mode):
     assert ct.stored_keys < ct.block_accesses / 10 or name.startswith("mooncake")
     keep_key = _keep_share(0.1)
     keep = np.array([keep_key(k) for k in ct.new_keys.tolist()], dtype=bool)
-    assert list(ct.select(keep)) == _cut_block_by_block(full, keep_key)
+    assert list(ct.cut(keep)) == _cut_block_by_block(full, keep_key)

@@ -84,8 +84,12 @@ def _count_builds(monkeypatch, module) -> list:
 
     class Counting(real):
         def __init__(self, blocks, *a, **k):
-            built.append("list" if isinstance(blocks, list) else "cut")
+            built.append("list" if isinstance(blocks, list) else "other")
             super().__init__(blocks, *a, **k)
+
+        def cut(self, keep):
+            built.append("cut")
+            return super().cut(keep)
 
     monkeypatch.setattr(module, "CompactTrace", Counting)
     return built

@@ -11,6 +11,9 @@ Then the binary cache of parsed traces (:mod:`skv.traces.parsed_cache`): one fre
 loads the trace and writes its cache entry, a second loads it from the entry; both report the
 load alone (issue 15's bar for the second load of 20x: <= 5 s), and the entry's size.
 
+With ``--curve``, another runs ``skv replay --capacity-curve`` (the one-pass lru curve, lru and
+vllm sampled at R = 0.1 and 0.01, Belady at three capacities): wall seconds and peak RSS.
+
 With ``--replay``, one more fresh process replays the trace (``skv replay``, read through that
 cache entry) with lru, vllm and adaptive_semantic at 10% of its unique blocks: peak RSS and
 block accesses per second per policy (issue 15's bar for 20x: <= 2 GB, lru >= 3M/s). Online
@@ -116,6 +119,23 @@ def measure_replay(trace_dir: Path, cache: Path, out: Path) -> dict[str, float]:
     return result
 
 
+CURVE_RATES = ("0.1", "0.01")
+
+
+def measure_curve(trace_dir: Path, cache: Path, out: Path) -> dict[str, float]:
+    """``skv replay --capacity-curve`` in a fresh process (lru and vllm sampled at
+    :data:`CURVE_RATES`, Belady at the default three capacities): wall seconds (the load from
+    the trace cache included), peak RSS, and how Belady was had (full or the sample's rate)."""
+    _, wall, peak_gb = run_skv(
+        ["replay", str(trace_dir), "--format", "claude_code", "--capacity-curve", "--policies",
+         "lru", "vllm", "--sample-rate", *CURVE_RATES, "--output", str(out)],
+        SKV_TRACE_CACHE=str(cache),
+    )  # fmt: skip
+    rows = json.loads((out / "capacity_curve.json").read_text())["rows"]
+    belady = {r["sample_rate"] for r in rows if r["method"] == "belady"}
+    return {"wall_s": wall, "peak_rss_gb": peak_gb, "belady_rate": max(belady, default=0.0)}
+
+
 def measure_info(trace_dir: Path) -> dict[str, float | int]:
     """``skv traces info`` in a fresh process (trace cache off): wall seconds, peak RSS and the
     block accesses."""
@@ -133,6 +153,9 @@ def main() -> None:
     ap.add_argument("--max-rss-gb", type=float, default=8.0)
     ap.add_argument("--out", type=Path, default=None, help="keep the scaled traces here")
     ap.add_argument("--replay", action="store_true", help="also measure skv replay (slower)")
+    ap.add_argument(
+        "--curve", action="store_true", help="also measure skv replay --capacity-curve (slower)"
+    )
     args = ap.parse_args()
     src = find_trace("weka_cc")
     root = args.out or Path(tempfile.mkdtemp(prefix="skv-scale-"))
@@ -166,6 +189,11 @@ def main() -> None:
                 r = measure_replay(d, cache, root / f"replay-x{scale}")
                 rates = ", ".join(f"{p} {r[p] / 1e6:.2f}M/s" for p in REPLAY_POLICIES)
                 print(f"        replay: peak RSS {r['peak_rss_gb']:.2f} GB; accesses/s: {rates}")
+            if args.curve:
+                c = measure_curve(d, cache, root / f"curve-x{scale}")
+                how = "full" if c["belady_rate"] == 1.0 else f"sampled at {c['belady_rate']:g}"
+                print(f"        capacity curve: {c['wall_s']:.1f} s, peak RSS "
+                      f"{c['peak_rss_gb']:.2f} GB (Belady {how})")  # fmt: skip
             if args.out is None:
                 shutil.rmtree(d)
                 shutil.rmtree(cache)

@@ -182,10 +182,37 @@ class CompactTrace(Sequence[RequestBlocks]):
             i = j
 
     @property
+    def sessions(self) -> tuple[str | None, ...]:
+        """Each request's session, without rebuilding requests."""
+        return tuple(self._sessions)
+
+    @property
     def new_keys(self) -> np.ndarray:
         """The stored keys, request by request: each request's keys after its shared prefix
         (read-only; :meth:`select` takes one verdict per entry)."""
         return _read_only(self._new_keys)
+
+    @cached_property
+    def key_codes(self) -> tuple[np.ndarray, np.ndarray]:
+        """The stored keys factorised (pandas' hash table): each one's dense id, ids numbered
+        in order of first appearance, and the distinct keys (id ``c`` is ``uniques[c]``).
+        Every key of the trace is stored at least once (a turn's shared prefix was its
+        predecessor's), so these are the trace's distinct keys."""
+        import pandas as pd
+
+        if not len(self._new_keys):
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint64)
+        codes, uniques = pd.factorize(self._new_keys)
+        return _read_only(codes.astype(np.int64, copy=False)), _read_only(np.asarray(uniques))
+
+    def first_seen(self) -> np.ndarray:
+        """Per stored key: whether it is the key's first access in the trace (access order: a
+        key's first access is always stored, and stored keys keep the access order)."""
+        codes, _ = self.key_codes
+        before = np.maximum.accumulate(codes) if len(codes) else codes
+        out = np.ones(len(codes), dtype=bool)
+        np.greater(codes[1:], before[:-1], out=out[1:])
+        return out
 
     @cached_property
     def one_chain(self) -> bool:

@@ -62,15 +62,17 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-from collections.abc import Sequence
+from bisect import bisect_right
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from itertools import chain, pairwise
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
 
 from skv.blocks import RequestBlocks
+from skv.compact_trace import CompactTrace
 
 log = logging.getLogger(__name__)
 
@@ -149,29 +151,14 @@ class LruCurve:
         return self.hits(capacity)[1] / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
-def _dense_ids(trace: Sequence[RequestBlocks], n: int) -> np.ndarray:
-    """Block keys as dense ids ``0..unique-1`` in first-seen order (a hash table: pandas'
-    factorize for 64-bit int keys, else a dict)."""
-    import pandas as pd
-
-    try:
-        keys = np.fromiter(chain.from_iterable(rb.keys for rb in trace), dtype=np.uint64, count=n)
-    except (OverflowError, TypeError, ValueError):
-        ids: dict = {}
-        return np.fromiter(
-            (ids.setdefault(k, len(ids)) for rb in trace for k in rb.keys), dtype=np.int64, count=n
-        )
-    codes, _ = pd.factorize(keys)
-    return codes.astype(np.int64, copy=False)
-
-
 #: requests up to this many blocks are checked on lists (numpy's per-call cost dominates there)
 SMALL = 64
 
 
-def stack_distances(trace: Sequence[RequestBlocks]) -> tuple[np.ndarray, int]:
-    """Per block access (in trace order) its ``lru`` stack distance, 0 = never seen (a miss at
-    every capacity), and the number of unique keys.
+def distance_counts(trace: CompactTrace) -> tuple[np.ndarray, np.ndarray, int]:
+    """Block accesses and their tokens by ``lru`` stack distance (index ``d``: distance ``d``;
+    0 = never seen, a miss at every capacity; ``unique + 1`` entries), and the number of unique
+    keys, in one pass over the trace.
 
     The module docstring says why ``hit at capacity C <=> 0 < d <= C``. Every stamp below
     ``base`` was handed out exactly once, so the live stamps above ``s`` are ``base - 1 - s``
@@ -179,40 +166,91 @@ def stack_distances(trace: Sequence[RequestBlocks]) -> tuple[np.ndarray, int]:
     stamps die together: one range update). The fast path checks what it relies on (no key
     twice; the keys seen before are a prefix of the request with strictly decreasing stamps);
     a request that fails a check takes the per-block path, which assumes nothing about chains.
-    """
-    lengths = [len(rb.keys) for rb in trace]
-    n = sum(lengths)
-    ids = _dense_ids(trace, n)
-    unique = int(ids.max()) + 1 if n else 0
+
+    Memory is O(unique keys + requests + one key-id array per live session), not O(block
+    accesses): keys become dense ids once per stored key (a turn's shared prefix reuses its
+    predecessor's ids), distances go straight into counts (a run of consecutive distances is
+    one range update of a difference array), and when the stamps run out (after ~3 x unique of
+    them) the live ones are renumbered ``0..`` in order and the tree starts empty."""
+    pred, shared, n_keys, _, new_at = trace.key_deltas()
+    pred, shared, n_keys, new_at = pred.tolist(), shared.tolist(), n_keys.tolist(), new_at.tolist()
+    codes, uniques = trace.key_codes
+    unique = len(uniques)
+    tok_vals, tok_lens, tok_at = (a.tolist() for a in trace.runs("tokens"))
+    block_size = trace.per_request("block_size").tolist()
+    size = 4 * unique + 2 * max(n_keys, default=0) + 16  # stamps the tree holds
     last = np.full(unique, -1, dtype=np.int64)  # each key's stamp; -1 = never seen
     mark = np.full(unique, -1, dtype=np.int64)  # scratch: repeated keys within a request
-    dead = _Fenwick(2 * n)
-    dist = np.zeros(n, dtype=np.int64)
+    dead = _Fenwick(size)
+    blocks = [0] * (unique + 2)  # difference arrays over the distance
+    tokens = [0] * (unique + 2)
     base = 0  # next free stamp
-    off = 0
+    live: dict[int, np.ndarray] = {}  # each session's latest key ids
     fast = slow = 0
-    for m in lengths:
+    for i, p in enumerate(pred):
+        new = codes[new_at[i] : new_at[i + 1]]
+        rid = new if p < 0 else np.concatenate((live.pop(p)[: shared[i]], new))
+        live[i] = rid
+        m = len(rid)
         if m == 0:
             continue
-        rid = ids[off : off + m]
+        if base + 2 * m > size:
+            base = _renumber(last)
+            dead = _Fenwick(size)
+        a, b = tok_at[i], tok_at[i + 1]
+        toks = list(zip(tok_vals[a:b], tok_lens[a:b], strict=True))
         runs = _runs_small(rid, last) if m <= SMALL else _runs_large(rid, last, mark)
         if runs is None:
             slow += 1
-            base = _request_slow(rid.tolist(), last, dead, base, dist, off)
-        else:
-            fast += 1
-            for a, b, top in runs:
-                # the stamps of this run and the runs before it still count: they are the keys
-                # of P above this one (module docstring)
-                d0 = base - top - dead.above(top)
-                dist[off + a : off + b] = np.arange(d0, d0 + b - a)
-            for a, b, top in runs:
-                dead.add(top - (b - a) + 1, top, 1)
-            last[rid] = np.arange(base + m - 1, base - 1, -1)
-            base += m
-        off += m
+            dists: list[int] = []
+            base = _request_slow(rid.tolist(), last, dead, base, dists)
+            per_block = [v for v, k in toks for _ in range(k)]
+            for d, t in zip(dists, per_block, strict=True):
+                _add(blocks, d, d + 1, 1)
+                _add(tokens, d, d + 1, t)
+            continue
+        fast += 1
+        bs = block_size[i]
+        starts = []
+        for a, b, top in runs:
+            # the stamps of this run and the runs before it still count: they are the keys
+            # of P above this one (module docstring)
+            d0 = base - top - dead.above(top)
+            starts.append((a, d0))
+            _add(blocks, d0, d0 + b - a, 1)
+            _add(tokens, d0, d0 + b - a, bs)
+        seen = runs[-1][1] if runs else 0
+        unseen_tokens = sum(v * k for v, k in toks) - bs * seen
+        q = 0
+        for v, k in toks:  # blocks of another size than bs (a short last block), if seen
+            if v != bs:
+                for j in range(q, min(q + k, seen)):
+                    a, d0 = starts[bisect_right(starts, (j, math.inf)) - 1]
+                    _add(tokens, d0 + j - a, d0 + j - a + 1, v - bs)
+                    unseen_tokens -= v - bs
+            q += k
+        _add(blocks, 0, 1, m - seen)  # never seen: distance 0
+        _add(tokens, 0, 1, unseen_tokens)
+        for a, b, top in runs:
+            dead.add(top - (b - a) + 1, top, 1)
+        last[rid] = np.arange(base + m - 1, base - 1, -1)
+        base += m
     log.debug("stack distances: %d fast requests, %d per-block requests", fast, slow)
-    return dist, unique
+    return np.cumsum(blocks[:-1]), np.cumsum(tokens[:-1]), unique
+
+
+def _add(diff: list[int], lo: int, hi: int, v: int) -> None:
+    """Add ``v`` to entries ``lo..hi-1`` of the array whose difference array is ``diff``."""
+    diff[lo] += v
+    diff[hi] -= v
+
+
+def _renumber(last: np.ndarray) -> int:
+    """Give the live stamps (every seen key's) the numbers ``0..`` in the same order; returns
+    how many there are (the next free stamp)."""
+    seen = np.flatnonzero(last >= 0)
+    last[seen[np.argsort(last[seen])]] = np.arange(len(seen))
+    return len(seen)
 
 
 def _runs_small(rid: np.ndarray, last: np.ndarray) -> list[tuple[int, int, int]] | None:
@@ -261,22 +299,25 @@ def _runs_large(
 
 
 def _request_slow(
-    rid: list[int], last: np.ndarray, dead: _Fenwick, base: int, dist: np.ndarray, off: int
+    rid: list[int], last: np.ndarray, dead: _Fenwick, base: int, dists: list[int]
 ) -> int:
     """One request block by block (several chain roots or a repeated key): keys of ``P`` move
     to temporary stamps above every old one as they are looked up, then get their final stamps
-    in first-occurrence order. Returns the new ``base``."""
+    in first-occurrence order. Appends each block's distance to ``dists``; returns the new
+    ``base`` (``base + 2 * distinct keys``)."""
     rank: dict[int, int] = {}
     temp = base
-    for i, x in enumerate(rid):
+    for x in rid:
         r = rank.get(x)
         if r is not None:
-            dist[off + i] = r
+            dists.append(r)
             continue
         s = int(last[x])
         if s >= 0:
-            dist[off + i] = temp - s - dead.above(s)
+            dists.append(temp - s - dead.above(s))
             dead.add(s, s, 1)
+        else:
+            dists.append(0)
         rank[x] = len(rank) + 1
         temp += 1
     p = len(rank)
@@ -288,24 +329,20 @@ def _request_slow(
 
 
 def lru_curve(trace: Sequence[RequestBlocks]) -> LruCurve:
-    """The ``lru`` hit counts at every capacity, in one pass (exact; module docstring)."""
+    """The ``lru`` hit counts at every capacity, in one pass (exact; module docstring). A list
+    is stored as a :class:`~skv.compact_trace.CompactTrace` first (what the pass reads)."""
     if not trace:
         raise ValueError("lru_curve: empty trace (no requests)")
-    dist, unique = stack_distances(trace)
-    tokens = np.fromiter(
-        chain.from_iterable(rb.tokens for rb in trace), dtype=np.int64, count=len(dist)
-    )
-    top = int(dist.max()) if len(dist) else 0
-    blocks = np.bincount(dist, minlength=top + 1)
-    toks = np.bincount(dist, weights=tokens, minlength=top + 1)
-    blocks[0] = 0  # cold misses
-    toks[0] = 0
+    if not isinstance(trace, CompactTrace):
+        trace = CompactTrace(trace, drop_next_use=True)
+    blocks, tokens, unique = distance_counts(trace)
+    blocks[0] = tokens[0] = 0  # cold misses
     return LruCurve(
         hit_blocks=np.cumsum(blocks),
-        hit_tokens=np.cumsum(np.rint(toks).astype(np.int64)),
+        hit_tokens=np.cumsum(tokens),
         requests=len(trace),
-        block_accesses=len(dist),
-        prompt_tokens=sum(rb.prompt_tokens for rb in trace),
+        block_accesses=trace.block_accesses,
+        prompt_tokens=int(trace.per_request("prompt_tokens").sum()),
         unique_blocks=unique,
     )
 
@@ -410,7 +447,8 @@ class _Units:
 
     def __init__(self, trace: Sequence[RequestBlocks], unit: str) -> None:
         self.trace = trace
-        sessions = {rb.session for rb in trace} - {None}
+        names = trace.sessions if isinstance(trace, CompactTrace) else (rb.session for rb in trace)
+        sessions = set(names) - {None}
         self.by_session = unit == "session" or (unit == "auto" and len(sessions) >= 2)
         if self.by_session or unit != "auto":
             self.depth, self.count = 0, len(sessions)
@@ -425,12 +463,13 @@ class _Units:
     @cached_property
     def non_trunk_keys(self) -> int:
         """Distinct keys of the trace outside the trunk (what a sample's key share is of)."""
-        every: set = set()
-        for rb in self.trace:
-            every.update(rb.keys)
+        if isinstance(self.trace, CompactTrace):  # every key is stored at least once
+            every = len(self.trace.key_codes[1])
+        else:
+            every = len({k for rb in self.trace for k in rb.keys})
         if self.by_session:
-            return len(every) - len(self.shared)
-        return len(every) - len({k for rb in self.trace for k in rb.keys[: self.depth]})
+            return every - len(self.shared)
+        return every - len({k for rb in self.trace for k in rb.keys[: self.depth]})
 
 
 def _sample_units(
@@ -439,24 +478,27 @@ def _sample_units(
     """Whole units of ``trace`` kept by a seeded hash (:func:`sample_trace`)."""
     by_session, depth, shared = units.by_session, units.depth, units.shared
     threshold = math.floor(rate * 2**64)
-    kept: list[RequestBlocks] = []
     trunk: set = set()
-    for rb in trace:
-        if by_session and rb.session is not None:
-            data = b"s" + rb.session.encode()
-        elif len(rb.keys) > depth:
-            data = _key_bytes(rb.keys[depth])
-        else:  # only trunk blocks (hot, shared by every unit): sampled request by request
-            data = b"r" + rb.index.to_bytes(8, "little")
-        if rate < 1.0 and _unit_hash(data, seed) >= threshold:
-            continue
-        if by_session:
-            trunk.update(k for k in rb.keys if k in shared)
-        else:
-            trunk.update(rb.keys[:depth])
-        kept.append(
-            RequestBlocks(
-                index=len(kept),
+    mine: set = set()  # the distinct keys the sample holds
+
+    def kept() -> Iterator[RequestBlocks]:
+        n = 0
+        for rb in trace:
+            if by_session and rb.session is not None:
+                data = b"s" + rb.session.encode()
+            elif len(rb.keys) > depth:
+                data = _key_bytes(rb.keys[depth])
+            else:  # only trunk blocks (hot, shared by every unit): sampled request by request
+                data = b"r" + rb.index.to_bytes(8, "little")
+            if rate < 1.0 and _unit_hash(data, seed) >= threshold:
+                continue
+            if by_session:
+                trunk.update(k for k in rb.keys if k in shared)
+            else:
+                trunk.update(rb.keys[:depth])
+            mine.update(rb.keys)
+            yield RequestBlocks(
+                index=n,
                 arrival_s=rb.arrival_s,
                 keys=rb.keys,
                 parents=rb.parents,
@@ -468,9 +510,17 @@ def _sample_units(
                 templated=rb.templated,
                 block_size=rb.block_size,
                 prompt_tokens=rb.prompt_tokens,
-            )
-        )
-    share = _non_trunk_share(kept, trunk, units.non_trunk_keys)
+            )  # without next-use annotations: a sample's own differ
+            n += 1
+
+    # a compact trace's sample is stored compactly too (whole units of a big trace are big)
+    sample = CompactTrace(kept()) if isinstance(trace, CompactTrace) else list(kept())
+    # the sample's share of the trace's distinct non-trunk keys: whole units differ in size (a
+    # session of 3 turns, one of 80), so it can be far from the rate; the cache is scaled by
+    # it, as a per-key sample's is (one run on Mooncake at R = 0.1, whole prefix trees: realised
+    # shares 9.4-10.8% of the keys across seeds)
+    non_trunk = units.non_trunk_keys
+    share = (len(mine) - len(trunk)) / non_trunk if non_trunk > 0 else 0.0
     unit = "session" if by_session else unit
     log.info(
         "sample at rate %g (unit %s, depth %d, %d trunk blocks): %d of %d requests",
@@ -478,22 +528,10 @@ def _sample_units(
         unit,
         depth,
         len(trunk),
-        len(kept),
+        len(sample),
         len(trace),
     )
-    return Sample(kept, rate, unit, depth, len(trunk), key_share=share)
-
-
-def _non_trunk_share(kept: Sequence[RequestBlocks], trunk: set, non_trunk_keys: int) -> float:
-    """The share of the trace's ``non_trunk_keys`` distinct non-trunk keys that ``kept`` holds
-    (``trunk``: the trunk keys among them). Whole units differ in size (a session of 3 turns,
-    one of 80), so the sample's share of the keys can be far from the rate; its cache is scaled
-    by this share, as a per-key sample's is (one run on Mooncake at R = 0.1, whole prefix trees:
-    realised shares 9.4-10.8% of the keys across seeds)."""
-    mine: set = set()
-    for rb in kept:
-        mine.update(rb.keys)
-    return (len(mine) - len(trunk)) / non_trunk_keys if non_trunk_keys > 0 else 0.0
+    return Sample(sample, rate, unit, depth, len(trunk), key_share=share)
 
 
 def samples_per_key(
@@ -547,14 +585,12 @@ class Sampler:
         if not self.per_key(rate):
             return _sample_units(self.trace, rate, seed, self.unit, self._whole())
         if self._compact is None:
-            from skv.compact_trace import CompactTrace
-
             is_compact = isinstance(self.trace, CompactTrace)
             # next-use annotations (a Belady replay's) play no part in a sample
             self._compact = (
                 self.trace if is_compact else CompactTrace(self.trace, drop_next_use=True)
             )
-            self._unique_keys = np.unique(self._compact.new_keys)
+            self._unique_keys = self._compact.key_codes[1]  # the distinct keys
         return _sample_blocks(self._compact, self._unique_keys, rate, seed)
 
 
@@ -724,14 +760,17 @@ def capacity_curve(
 ) -> list[dict[str, Any]]:
     """Rows of the hit-rate curve: ``exact_lru`` (one pass) at ``points`` log-spaced
     capacities, ``shards`` estimates for every policy and rate at ``sample_points`` of them, and
-    ``belady`` (full offline replays, the upper bound) at ``belady_points`` capacities."""
-    from skv.replay import replay_one, trace_totals
-
+    ``belady`` (offline replays, the upper bound) at ``belady_points`` capacities, sampled past
+    :data:`BELADY_MAX_ACCESSES`. ``trace`` may be a
+    :class:`~skv.compact_trace.CompactTrace` (what ``skv replay --capacity-curve`` loads):
+    memory then stays per unique block, Belady's list aside."""
     rates = [check_rate(r) for r in rates]
     for name in policies:
         from skv.policies.registry import policy_class
 
         policy_class(name)  # a bad name fails before the pass, not after
+    if not isinstance(trace, CompactTrace):  # stored once for the pass and the samples
+        trace = CompactTrace(trace, drop_next_use=True)
     curve = lru_curve(trace)
     u = curve.unique_blocks
     grid = sorted({*curve_grid(u, points), *(int(c) for c in extra_capacities if c >= 1)})
@@ -764,11 +803,13 @@ def capacity_curve(
         for c in grid
     ]
     sampler = Sampler(trace, unit)
+    samples: dict[float, Sample] = {}
     for rate in rates:
         sample = sampler.sample(rate, seed)
         if not sample.trace:
             log.warning("sample rate %g kept no request: no SHARDS rows at this rate", rate)
             continue
+        samples[rate] = sample
         for name in policies:
             for r in shards_curve(trace, name, coarse[rate], rate, sample=sample):
                 rows.append(
@@ -784,14 +825,56 @@ def capacity_curve(
                     )
                 )
     if belady_points > 0 and u:
-        totals = trace_totals(trace)
-        for frac in np.geomspace(0.01, 0.5, belady_points) if belady_points > 1 else [0.1]:
-            cap = max(1, round(frac * u))
-            r = replay_one(trace, "belady", cap, totals=totals, progress=False)
-            rows.append(
-                row("belady", "belady", 1.0, cap, cap, r["block_hit_rate"], r["token_hit_rate"])
-            )
+        fracs = np.geomspace(0.01, 0.5, belady_points) if belady_points > 1 else [0.1]
+        rows += _belady_rows(trace, [max(1, round(f * u)) for f in fracs], samples, row)
     return rows
+
+
+#: Belady's bound replays a trace of at most this many block accesses: it needs every access
+#: annotated with its next use, a list of ~100 bytes per access (1.2 GB here; the 40 Claude
+#: Code sessions have 5.6M). A larger trace gets it from its largest sample within the limit.
+BELADY_MAX_ACCESSES = 12_000_000
+
+
+def _belady_rows(
+    trace: Sequence[RequestBlocks], caps: list[int], samples: dict[float, Sample], row
+) -> list[dict[str, Any]]:
+    """Belady's bound at ``caps``: a full offline replay, or, past
+    :data:`BELADY_MAX_ACCESSES`, the replay of the largest sample within it at the scaled
+    capacity (its rows carry that rate and unit: a sampled estimate, not the bound)."""
+    from skv.replay import replay_one, trace_totals
+
+    accesses = _accesses(trace)
+    if accesses <= BELADY_MAX_ACCESSES:
+        full = list(trace) if isinstance(trace, CompactTrace) else trace
+        totals = trace_totals(full)
+        out = []
+        for cap in caps:
+            r = replay_one(full, "belady", cap, totals=totals, progress=False)
+            out.append(row("belady", "belady", 1.0, cap, cap, r["block_hit_rate"],
+                           r["token_hit_rate"]))  # fmt: skip
+        return out
+    small = [r for r, smp in samples.items() if _accesses(smp.trace) <= BELADY_MAX_ACCESSES]
+    if not small:
+        log.warning("%d block accesses and no sample of at most %d: no Belady rows", accesses,
+                    BELADY_MAX_ACCESSES)  # fmt: skip
+        return []
+    rate = max(small)
+    sample = samples[rate]
+    log.info("%d block accesses (over %d): Belady's bound from the sample at rate %g", accesses,
+             BELADY_MAX_ACCESSES, rate)  # fmt: skip
+    out = []
+    for r in shards_curve(trace, "belady", caps, rate, sample=sample):
+        out.append(row("belady", "belady", rate, r["capacity_blocks"],
+                       r["sample_capacity_blocks"], r["block_hit_rate"], r["token_hit_rate"],
+                       sample.label))  # fmt: skip
+    return out
+
+
+def _accesses(trace: Sequence[RequestBlocks]) -> int:
+    if isinstance(trace, CompactTrace):
+        return trace.block_accesses
+    return sum(len(rb.keys) for rb in trace)
 
 
 def write_capacity_curve(rows: list[dict[str, Any]], out_dir: Any, meta: dict[str, Any]) -> None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from tqdm import tqdm
 
 from skv.blocks import RequestBlocks, annotate_next_use, tally_blocks
@@ -59,7 +60,10 @@ class TraceTotals:
 
 
 def trace_totals(trace: Iterable[RequestBlocks]) -> TraceTotals:
-    """Totals plus the infinite-cache ceiling: a block hits if its key was seen before."""
+    """Totals plus the infinite-cache ceiling: a block hits if its key was seen before (and,
+    as in a cache, every block since its chain root hit: :func:`skv.blocks.tally_blocks`)."""
+    if isinstance(trace, CompactTrace) and trace.one_chain:
+        return _compact_totals(trace)
     t = TraceTotals()
     seen: set[int] = set()
     for rb in trace:
@@ -70,6 +74,50 @@ def trace_totals(trace: Iterable[RequestBlocks]) -> TraceTotals:
         t.ceiling_hit_blocks += hits
         t.ceiling_hit_tokens += hit_tokens
     t.unique_blocks = len(seen)
+    return t
+
+
+def _compact_totals(trace: CompactTrace) -> TraceTotals:
+    """:func:`trace_totals` of a single-chain :class:`CompactTrace` from its columns, without
+    rebuilding a request: O(stored keys + runs + requests).
+
+    Request ``i``'s shared prefix holds its predecessor's keys, all seen, and being one chain
+    from block 0 they all hit; its new keys hit up to the first one never seen before (a miss
+    ends the chain's run of hits). The per-type totals come from the token and type runs cut at
+    each other's boundaries."""
+    _, shared, n_keys, _, new_at = trace.key_deltas()
+    first = np.flatnonzero(trace.first_seen())
+    # new keys that hit: up to the request's first never-seen key
+    nxt = np.append(first, new_at[-1])[np.searchsorted(first, new_at[:-1])]
+    hit_blocks = shared + np.minimum(nxt, new_at[1:]) - new_at[:-1]
+    access_at = np.zeros(len(n_keys) + 1, dtype=np.int64)
+    np.cumsum(n_keys, out=access_at[1:])
+    tok_vals, tok_lens, _ = trace.runs("tokens")
+    type_vals, type_lens, _ = trace.runs("stypes")
+    tok_ends, type_ends = np.cumsum(tok_lens), np.cumsum(type_lens)
+    tokens_before = np.zeros(len(tok_vals) + 1, dtype=np.int64)  # before each run, and all
+    np.cumsum(tok_vals * tok_lens, out=tokens_before[1:])
+
+    def tokens_upto(at: np.ndarray) -> np.ndarray:  # the tokens of accesses 0..at-1
+        r = np.minimum(np.searchsorted(tok_ends, at, "right"), len(tok_vals) - 1)  # at's run
+        return tokens_before[r] + (at - (tok_ends[r] - tok_lens[r])) * tok_vals[r]
+
+    t = TraceTotals(requests=len(trace), block_accesses=trace.block_accesses)
+    t.prompt_tokens = int(trace.per_request("prompt_tokens").sum())
+    t.unique_blocks = len(first)
+    t.ceiling_hit_blocks = int(hit_blocks.sum())
+    if len(tok_vals):
+        starts = access_at[:-1]
+        t.ceiling_hit_tokens = int((tokens_upto(starts + hit_blocks) - tokens_upto(starts)).sum())
+        ends = np.union1d(tok_ends, type_ends)  # pieces of one token size and one type
+        lens = np.diff(ends, prepend=0)
+        heads = ends - lens
+        tok = tok_vals[np.searchsorted(tok_ends, heads, "right")]
+        typ = type_vals[np.searchsorted(type_ends, heads, "right")]
+        by_tokens, by_blocks = np.zeros(NUM_TYPES, np.int64), np.zeros(NUM_TYPES, np.int64)
+        np.add.at(by_tokens, typ, tok * lens)
+        np.add.at(by_blocks, typ, lens)
+        t.tokens_by_type, t.blocks_by_type = by_tokens.tolist(), by_blocks.tolist()
     return t
 
 

@@ -276,3 +276,35 @@ def test_real_traces_rebuild_and_cut_per_key_exactly(name, mode):
     keep_key = _keep_share(0.1)
     keep = np.array([keep_key(k) for k in ct.new_keys.tolist()], dtype=bool)
     assert list(ct.cut(keep)) == _cut_block_by_block(full, keep_key)
+    assert trace_totals(ct) == trace_totals(full)
+
+
+@pytest.mark.parametrize(("name", "make", "mode", "salt"), CASES, ids=[c[0] for c in CASES])
+def test_the_totals_of_a_compact_trace_equal_those_of_its_list(name, make, mode, salt):
+    """A single-chain CompactTrace's totals and ceiling come from its columns (no request is
+    rebuilt); any other is tallied request by request. Either way: the list's totals."""
+    full, ct = _both(make, mode, salt)
+    assert ct.one_chain == (mode == "prefix")  # prefix keying: the column path
+    assert trace_totals(ct) == trace_totals(full)
+    for share in (0.1, 0.5):  # cut traces too (short requests, a partial block anywhere)
+        keep_key = _keep_share(share)
+        cut = ct.cut(np.array([keep_key(k) for k in ct.new_keys.tolist()], dtype=bool))
+        assert trace_totals(cut) == trace_totals(list(cut))
+
+
+def test_column_totals_count_a_hit_inside_a_run_and_a_key_new_to_its_session():
+    def rb(i: int, session: str, keys: list[int], tokens: list[int]) -> RequestBlocks:
+        return RequestBlocks(index=i, arrival_s=float(i), keys=keys, parents=[None, *keys[:-1]],
+                             tokens=tokens, stypes=[0] * len(keys), seg_tokens=tokens,
+                             session=session, turn=0, templated=False, block_size=4)  # fmt: skip
+
+    # a short first block; key 5 stored again as new to session b; hits end inside a run of 4s
+    trace = [rb(0, "a", [5], [3]), rb(1, "b", [5, 6, 10], [4, 4, 4]),
+             rb(2, "c", [5, 6, 11], [4, 4, 4])]  # fmt: skip
+    totals = trace_totals(CompactTrace(trace))
+    assert totals == trace_totals(trace)
+    assert (totals.unique_blocks, totals.ceiling_hit_blocks, totals.ceiling_hit_tokens) == (
+        4,
+        3,
+        12,
+    )

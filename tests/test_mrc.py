@@ -22,14 +22,15 @@ import pytest
 import skv.mrc
 from skv.blocks import RequestBlocks
 from skv.cli import main
+from skv.compact_trace import CompactTrace
 from skv.model import Request, Segment, SemanticType
 from skv.mrc import (
+    distance_counts,
     key_sampled,
     lru_curve,
     sample_trace,
     scaled_capacity,
     shards_curve,
-    stack_distances,
 )
 from skv.replay import compile_trace, replay_one, trace_totals
 from skv.workloads import make_workload
@@ -43,6 +44,11 @@ MOONCAKE = Path(__file__).parent / "data" / "mooncake_tiny.jsonl"
 def _check_exact(trace: list[RequestBlocks], capacities) -> None:
     curve = lru_curve(trace)
     totals = trace_totals(trace)
+    blocks, tokens, _ = distance_counts(CompactTrace(trace))  # every access counted once
+    assert (blocks.sum(), tokens.sum()) == (
+        totals.block_accesses,
+        sum(map(sum, (rb.tokens for rb in trace))),
+    )
     for cap in capacities:
         row = replay_one(trace, "lru", cap, totals=totals, progress=False)
         assert curve.hits(cap) == (row["hit_blocks"], row["hit_tokens"]), cap
@@ -145,8 +151,10 @@ def test_curve_is_monotone_and_reaches_the_infinite_cache_ceiling():
     big = totals.unique_blocks + 1
     assert curve.hits(big) == (totals.ceiling_hit_blocks, totals.ceiling_hit_tokens)
     assert curve.hits(10**9) == curve.hits(big)
-    dist, unique = stack_distances(trace)
-    assert unique == totals.unique_blocks and dist.max() <= unique and dist.min() >= 0
+    blocks, tokens, unique = distance_counts(CompactTrace(trace))
+    assert unique == totals.unique_blocks and len(blocks) == len(tokens) == unique + 1
+    assert blocks.sum() == totals.block_accesses and (blocks >= 0).all() and (tokens >= 0).all()
+    assert tokens.sum() == sum(sum(rb.tokens) for rb in trace)  # misses at distance 0
 
 
 def test_sample_is_deterministic_and_keeps_whole_requests():
@@ -399,3 +407,38 @@ def test_session_sampling_keeps_the_cross_session_trunk_whole(mode):
     assert s.shared_blocks == len(shared & {k for rb in s.trace for k in rb.keys})
     kept = {rb.session for rb in s.trace}
     assert len([rb for rb in trace if rb.session in kept]) == len(s.trace)  # sessions whole
+
+
+@pytest.mark.parametrize("unit", ["auto", "block", "session"])
+def test_the_curve_of_a_compact_trace_equals_that_of_its_list(unit):
+    """``skv replay --capacity-curve`` loads a CompactTrace (memory per unique block): every
+    row, exact, sampled (whole units and per key) and Belady's, is what the list gives."""
+    trace = compile_trace(make_workload("multi_turn_chat", seed=4, num_requests=120))
+    kwargs = dict(policies=["lru", "vllm"], rates=[0.5, 0.2], points=12, sample_points=4,
+                  belady_points=2, unit=unit)  # fmt: skip
+    rows = skv.mrc.capacity_curve(CompactTrace(trace), **kwargs)
+    assert rows == skv.mrc.capacity_curve(trace, **kwargs)
+    assert {r["method"] for r in rows} == {"exact_lru", "shards", "belady"}
+
+
+def test_past_the_limit_belady_comes_from_the_largest_sample_within_it(monkeypatch):
+    trace = CompactTrace(compile_trace(make_workload("tool_agent", seed=2, num_requests=120)))
+    sampler = skv.mrc.Sampler(trace, "block")
+    sizes = {r: sampler.sample(r, 0).trace.block_accesses for r in (0.5, 0.2)}
+    # the full trace is over the limit, and so is the rate-0.5 sample; the 0.2 one is within
+    monkeypatch.setattr(skv.mrc, "BELADY_MAX_ACCESSES", sizes[0.2])
+    assert sizes[0.5] > sizes[0.2] and trace.block_accesses > sizes[0.2]
+    rows = skv.mrc.capacity_curve(trace, rates=[0.5, 0.2], points=4, sample_points=2,
+                                  belady_points=2, unit="block")  # fmt: skip
+    belady = [r for r in rows if r["method"] == "belady"]
+    assert len(belady) == 2 and {(r["sample_rate"], r["sample_unit"]) for r in belady} == {
+        (0.2, "block")
+    }
+    sample = skv.mrc.sample_trace(trace, 0.2, unit="block")
+    expect = shards_curve(trace, "belady", [r["capacity_blocks"] for r in belady], 0.2,
+                          sample=sample)  # fmt: skip
+    assert [r["token_hit_rate"] for r in belady] == [r["token_hit_rate"] for r in expect]
+    monkeypatch.setattr(skv.mrc, "BELADY_MAX_ACCESSES", 1)  # nothing small enough: no rows
+    rows = skv.mrc.capacity_curve(trace, rates=[0.5], points=4, sample_points=2,
+                                  belady_points=2, unit="block")  # fmt: skip
+    assert not [r for r in rows if r["method"] == "belady"]

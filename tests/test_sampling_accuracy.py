@@ -92,6 +92,7 @@ def _count_builds(monkeypatch, module) -> list:
             return super().cut(keep)
 
     monkeypatch.setattr(module, "CompactTrace", Counting)
+    monkeypatch.setattr(mrc, "CompactTrace", Counting)
     return built
 
 

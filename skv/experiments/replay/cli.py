@@ -64,7 +64,7 @@ def add_timed_args(p: argparse.ArgumentParser) -> None:
 
 def add_curve_args(p: argparse.ArgumentParser) -> None:
     """The options of ``skv replay --capacity-curve`` (:mod:`skv.mrc`)."""
-    from skv.mrc import check_rate
+    from skv.mrc import BELADY_MAX_ACCESSES, check_rate
 
     def rate(text: str) -> float:
         try:
@@ -101,7 +101,12 @@ def add_curve_args(p: argparse.ArgumentParser) -> None:
         "--curve-points", type=int, default=64, help="exact lru points written (log-spaced)"
     )
     g.add_argument(
-        "--belady-points", type=int, default=3, help="capacities with Belady's bound (0: none)"
+        "--belady-points",
+        type=int,
+        default=3,
+        help=f"capacities with Belady's bound (0: none); a trace of more than "
+        f"{BELADY_MAX_ACCESSES:,} block accesses gets it from its largest sample within that "
+        "(its rows carry the rate)",
     )
 
 
@@ -203,10 +208,11 @@ def cmd_replay_cache_only(args: argparse.Namespace) -> int:
 
 def cmd_replay_curve(args: argparse.Namespace) -> int:
     """``skv replay --capacity-curve``: the hit rate at every capacity (:mod:`skv.mrc`)."""
-    from skv.mrc import capacity_curve, write_capacity_curve
+    from skv.mrc import BELADY_MAX_ACCESSES, capacity_curve, write_capacity_curve
     from skv.replay import resolve_capacities
 
-    trace, block_size = load_compiled_args(args)
+    # a CompactTrace: the one-pass curve and the samples need memory per unique block only
+    trace, block_size = load_compiled_args(args, compact=True)
     extra: list[int] = []
     if args.capacity:
         from skv.replay import trace_totals
@@ -241,7 +247,8 @@ def cmd_replay_curve(args: argparse.Namespace) -> int:
         "sample_seed": args.sample_seed,
         "sample_unit": args.sample_unit,
         "simulated": "cache-only replay; exact_lru is one pass of stack distances, shards a "
-        "spatially sampled replay, belady the offline bound",
+        "spatially sampled replay, belady the offline bound (sampled, with its rate, past "
+        f"{BELADY_MAX_ACCESSES} block accesses)",
     }
     write_capacity_curve(rows, out, meta)
     print(

@@ -18,7 +18,8 @@ For each real trace found (Mooncake conversation; the Claude Code sessions in ``
 
 Compiling the trace (and per-key sampling's ``CompactTrace`` of it, what ``skv replay`` loads for
 online policies; its build time is logged) and writing libCacheSim's file are outside every
-timing.
+timing. The full replays of step 2 run on that ``CompactTrace``, as ``skv replay`` runs them
+(``lru`` and ``vllm`` a radix node at a time).
 At scale (``--scale N``, N > 1): the Claude Code sessions copied N times with new ids (as
 ``benchmarks/trace_scale.py`` builds them: distinct sessions with their own blocks, the same reuse
 inside each, more of them interleaved on the timeline), loaded as ``skv replay`` loads a trace
@@ -125,9 +126,10 @@ def bench_shards(
                     time.perf_counter() - t0)  # fmt: skip
     out = []
     for policy in policies:
+        # the full replays on what skv replay runs online policies on (lru and vllm by node)
         t0 = time.perf_counter()
         full = [
-            replay_one(trace, policy, c, totals=totals, progress=False)["token_hit_rate"]
+            replay_one(compact, policy, c, totals=totals, progress=False)["token_hit_rate"]
             for c in caps
         ]
         t_full = time.perf_counter() - t0

@@ -25,6 +25,12 @@ Any other index rebuilds from the session's first request. Replay asks for one c
 (:func:`skv.replay.replay_one`), so memory is the store, one list per live session and one
 chunk. Offline policies (``belady``) need next-use annotations on every access, which a
 transient chunk cannot keep: they need the full ``compile_trace`` list.
+
+What can be answered from the columns is, without rebuilding a request: a per-key cut
+(:meth:`CompactTrace.cut`, SHARDS sampling) is itself a CompactTrace built column to column, the
+stored keys' dense ids (:attr:`CompactTrace.key_codes`) serve the one-pass ``lru`` curve
+(:mod:`skv.mrc`), and a single-chain trace's totals come from the columns
+(:func:`skv.replay.trace_totals`).
 """
 
 from __future__ import annotations
@@ -189,7 +195,7 @@ class CompactTrace(Sequence[RequestBlocks]):
     @property
     def new_keys(self) -> np.ndarray:
         """The stored keys, request by request: each request's keys after its shared prefix
-        (read-only; :meth:`select` takes one verdict per entry)."""
+        (read-only; :meth:`cut` takes one verdict per entry)."""
         return _read_only(self._new_keys)
 
     @cached_property

@@ -64,7 +64,7 @@ def add_timed_args(p: argparse.ArgumentParser) -> None:
 
 def add_curve_args(p: argparse.ArgumentParser) -> None:
     """The options of ``skv replay --capacity-curve`` (:mod:`skv.mrc`)."""
-    from skv.mrc import BELADY_MAX_ACCESSES, check_rate
+    from skv.mrc import AUTO_MIN_UNITS, BELADY_MAX_ACCESSES, UNITS, check_rate
 
     def rate(text: str) -> float:
         try:
@@ -90,12 +90,12 @@ def add_curve_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sample-seed", type=int, default=0, help="seed of the sampling hash")
     g.add_argument(
         "--sample-unit",
-        choices=["auto", "root", "session", "block"],
+        choices=UNITS,
         default="auto",
         help="what is kept or dropped whole: auto (default: sessions when the trace has "
-        "them, else the block where requests diverge; each block when fewer than 100 such "
-        "units would be sampled), the first block, the session, or each block (per-key "
-        "SHARDS, re-chained)",
+        f"them, else the block where requests diverge; each block when fewer than "
+        f"{AUTO_MIN_UNITS} such units would be sampled), the first block, the session, or each "
+        "block (per-key SHARDS, re-chained)",
     )
     g.add_argument(
         "--curve-points", type=int, default=64, help="exact lru points written (log-spaced)"

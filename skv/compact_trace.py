@@ -281,7 +281,9 @@ class CompactTrace(Sequence[RequestBlocks]):
         request; a request that shares less than its predecessor did looks further back, once
         per such step); kept positions are filled for the new keys at once and copied from the
         predecessor for the prefix; the run-length fields are read at the kept positions. Cost:
-        O(stored keys + kept blocks + requests), not O(block accesses)."""
+        O(stored keys + kept blocks + requests), not O(block accesses); the temporaries are a
+        few arrays of one entry per kept block (~40 bytes each: meant for sampling rates, not
+        for keeping most of a big trace)."""
         keep = np.asarray(keep, dtype=bool)
         if keep.shape != self._new_keys.shape:
             raise ValueError(f"keep has {keep.size} verdicts for {self._new_keys.size} keys")
@@ -311,9 +313,11 @@ class CompactTrace(Sequence[RequestBlocks]):
         first = np.zeros(len(pos), dtype=bool)
         first[slot_at[:-1]] = True
         at = np.repeat(self._access_at[rows], counts) + pos  # each kept block's access index
-        starts_of = np.repeat(self._access_at[:-1], np.diff(self._starts_at)) + self._starts
-        chain = np.searchsorted(starts_of, at, "right")
-        chain_starts = first | _changes(chain)
+        if self.one_chain:  # each request one chain from its first kept block
+            chain_starts = first
+        else:
+            starts_of = np.repeat(self._access_at[:-1], np.diff(self._starts_at)) + self._starts
+            chain_starts = first | _changes(np.searchsorted(starts_of, at, "right"))
         runs = {f: self._runs_at(f, at, first, slot_at) for f in self._runs}
         tok_vals, tok_lens, tok_count = runs["tokens"]
         tokens_before = _offsets(tok_vals * tok_lens)

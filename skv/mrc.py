@@ -330,7 +330,8 @@ def _request_slow(
 
 def lru_curve(trace: Sequence[RequestBlocks]) -> LruCurve:
     """The ``lru`` hit counts at every capacity, in one pass (exact; module docstring). A list
-    is stored as a :class:`~skv.compact_trace.CompactTrace` first (what the pass reads)."""
+    is stored as a :class:`~skv.compact_trace.CompactTrace` first (what the pass reads), so
+    keys must be ints in ``[0, 2**64)``, as every keying of :mod:`skv.blocks` gives."""
     if not trace:
         raise ValueError("lru_curve: empty trace (no requests)")
     if not isinstance(trace, CompactTrace):
@@ -803,13 +804,17 @@ def capacity_curve(
         for c in grid
     ]
     sampler = Sampler(trace, unit)
-    samples: dict[float, Sample] = {}
+    # Belady past the limit replays the largest sample within it: only that one is kept
+    sampled_belady = belady_points > 0 and u > 0 and _accesses(trace) > BELADY_MAX_ACCESSES
+    belady_sample: Sample | None = None
     for rate in rates:
         sample = sampler.sample(rate, seed)
         if not sample.trace:
             log.warning("sample rate %g kept no request: no SHARDS rows at this rate", rate)
             continue
-        samples[rate] = sample
+        larger = belady_sample is None or rate > belady_sample.rate
+        if sampled_belady and larger and _accesses(sample.trace) <= BELADY_MAX_ACCESSES:
+            belady_sample = sample
         for name in policies:
             for r in shards_curve(trace, name, coarse[rate], rate, sample=sample):
                 rows.append(
@@ -826,7 +831,7 @@ def capacity_curve(
                 )
     if belady_points > 0 and u:
         fracs = np.geomspace(0.01, 0.5, belady_points) if belady_points > 1 else [0.1]
-        rows += _belady_rows(trace, [max(1, round(f * u)) for f in fracs], samples, row)
+        rows += _belady_rows(trace, [max(1, round(f * u)) for f in fracs], belady_sample, row)
     return rows
 
 
@@ -837,10 +842,10 @@ BELADY_MAX_ACCESSES = 12_000_000
 
 
 def _belady_rows(
-    trace: Sequence[RequestBlocks], caps: list[int], samples: dict[float, Sample], row
+    trace: Sequence[RequestBlocks], caps: list[int], sample: Sample | None, row
 ) -> list[dict[str, Any]]:
     """Belady's bound at ``caps``: a full offline replay, or, past
-    :data:`BELADY_MAX_ACCESSES`, the replay of the largest sample within it at the scaled
+    :data:`BELADY_MAX_ACCESSES`, the replay of ``sample`` (the largest within it) at the scaled
     capacity (its rows carry that rate and unit: a sampled estimate, not the bound)."""
     from skv.replay import replay_one, trace_totals
 
@@ -854,13 +859,11 @@ def _belady_rows(
             out.append(row("belady", "belady", 1.0, cap, cap, r["block_hit_rate"],
                            r["token_hit_rate"]))  # fmt: skip
         return out
-    small = [r for r, smp in samples.items() if _accesses(smp.trace) <= BELADY_MAX_ACCESSES]
-    if not small:
+    if sample is None:
         log.warning("%d block accesses and no sample of at most %d: no Belady rows", accesses,
                     BELADY_MAX_ACCESSES)  # fmt: skip
         return []
-    rate = max(small)
-    sample = samples[rate]
+    rate = sample.rate
     log.info("%d block accesses (over %d): Belady's bound from the sample at rate %g", accesses,
              BELADY_MAX_ACCESSES, rate)  # fmt: skip
     out = []

@@ -425,10 +425,10 @@ def test_past_the_limit_belady_comes_from_the_largest_sample_within_it(monkeypat
     trace = CompactTrace(compile_trace(make_workload("tool_agent", seed=2, num_requests=120)))
     sampler = skv.mrc.Sampler(trace, "block")
     sizes = {r: sampler.sample(r, 0).trace.block_accesses for r in (0.5, 0.2)}
-    # the full trace is over the limit, and so is the rate-0.5 sample; the 0.2 one is within
+    # the full trace is over the limit, and so is the rate-0.5 sample; 0.2 and 0.1 are within
     monkeypatch.setattr(skv.mrc, "BELADY_MAX_ACCESSES", sizes[0.2])
     assert sizes[0.5] > sizes[0.2] and trace.block_accesses > sizes[0.2]
-    rows = skv.mrc.capacity_curve(trace, rates=[0.5, 0.2], points=4, sample_points=2,
+    rows = skv.mrc.capacity_curve(trace, rates=[0.1, 0.5, 0.2], points=4, sample_points=2,
                                   belady_points=2, unit="block")  # fmt: skip
     belady = [r for r in rows if r["method"] == "belady"]
     assert len(belady) == 2 and {(r["sample_rate"], r["sample_unit"]) for r in belady} == {

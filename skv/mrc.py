@@ -70,6 +70,7 @@ from itertools import pairwise
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from skv.blocks import RequestBlocks
 from skv.compact_trace import CompactTrace
@@ -155,7 +156,9 @@ class LruCurve:
 SMALL = 64
 
 
-def distance_counts(trace: CompactTrace) -> tuple[np.ndarray, np.ndarray, int]:
+def distance_counts(
+    trace: CompactTrace, progress: bool | None = None
+) -> tuple[np.ndarray, np.ndarray, int]:
     """Block accesses and their tokens by ``lru`` stack distance (index ``d``: distance ``d``;
     0 = never seen, a miss at every capacity; ``unique + 1`` entries), and the number of unique
     keys, in one pass over the trace.
@@ -187,7 +190,9 @@ def distance_counts(trace: CompactTrace) -> tuple[np.ndarray, np.ndarray, int]:
     base = 0  # next free stamp
     live: dict[int, np.ndarray] = {}  # each session's latest key ids
     fast = slow = 0
-    for i, p in enumerate(pred):
+    bar = tqdm(pred, desc="lru curve, one pass", unit="req", leave=False, mininterval=1.0,
+               disable=(not progress) if progress is not None else None)  # fmt: skip
+    for i, p in enumerate(bar):
         new = codes[new_at[i] : new_at[i + 1]]
         rid = new if p < 0 else np.concatenate((live.pop(p)[: shared[i]], new))
         live[i] = rid
@@ -328,7 +333,7 @@ def _request_slow(
     return base + p
 
 
-def lru_curve(trace: Sequence[RequestBlocks]) -> LruCurve:
+def lru_curve(trace: Sequence[RequestBlocks], progress: bool | None = None) -> LruCurve:
     """The ``lru`` hit counts at every capacity, in one pass (exact; module docstring). A list
     is stored as a :class:`~skv.compact_trace.CompactTrace` first (what the pass reads), so
     keys must be ints in ``[0, 2**64)``, as every keying of :mod:`skv.blocks` gives."""
@@ -336,7 +341,7 @@ def lru_curve(trace: Sequence[RequestBlocks]) -> LruCurve:
         raise ValueError("lru_curve: empty trace (no requests)")
     if not isinstance(trace, CompactTrace):
         trace = CompactTrace(trace, drop_next_use=True)
-    blocks, tokens, unique = distance_counts(trace)
+    blocks, tokens, unique = distance_counts(trace, progress)
     blocks[0] = tokens[0] = 0  # cold misses
     return LruCurve(
         hit_blocks=np.cumsum(blocks),
@@ -758,13 +763,15 @@ def capacity_curve(
     extra_capacities: Sequence[int] = (),
     seed: int = 0,
     unit: str = "auto",
+    progress: bool | None = None,
 ) -> list[dict[str, Any]]:
     """Rows of the hit-rate curve: ``exact_lru`` (one pass) at ``points`` log-spaced
     capacities, ``shards`` estimates for every policy and rate at ``sample_points`` of them, and
     ``belady`` (offline replays, the upper bound) at ``belady_points`` capacities, sampled past
     :data:`BELADY_MAX_ACCESSES`. ``trace`` may be a
     :class:`~skv.compact_trace.CompactTrace` (what ``skv replay --capacity-curve`` loads):
-    memory then stays per unique block, Belady's list aside."""
+    memory then stays per unique block, Belady's list aside. ``progress``: bars for the long
+    parts (the one pass, Belady's full replays); None shows them on a terminal."""
     rates = [check_rate(r) for r in rates]
     for name in policies:
         from skv.policies.registry import policy_class
@@ -772,7 +779,7 @@ def capacity_curve(
         policy_class(name)  # a bad name fails before the pass, not after
     if not isinstance(trace, CompactTrace):  # stored once for the pass and the samples
         trace = CompactTrace(trace, drop_next_use=True)
-    curve = lru_curve(trace)
+    curve = lru_curve(trace, progress)
     u = curve.unique_blocks
     grid = sorted({*curve_grid(u, points), *(int(c) for c in extra_capacities if c >= 1)})
     coarse = {r: curve_grid(u, sample_points, low=math.ceil(MIN_SAMPLE_CACHE / r)) for r in rates}
@@ -831,7 +838,8 @@ def capacity_curve(
                 )
     if belady_points > 0 and u:
         fracs = np.geomspace(0.01, 0.5, belady_points) if belady_points > 1 else [0.1]
-        rows += _belady_rows(trace, [max(1, round(f * u)) for f in fracs], belady_sample, row)
+        caps = [max(1, round(f * u)) for f in fracs]
+        rows += _belady_rows(trace, caps, belady_sample, row, progress)
     return rows
 
 
@@ -842,7 +850,11 @@ BELADY_MAX_ACCESSES = 12_000_000
 
 
 def _belady_rows(
-    trace: Sequence[RequestBlocks], caps: list[int], sample: Sample | None, row
+    trace: Sequence[RequestBlocks],
+    caps: list[int],
+    sample: Sample | None,
+    row,
+    progress: bool | None = None,
 ) -> list[dict[str, Any]]:
     """Belady's bound at ``caps``: a full offline replay, or, past
     :data:`BELADY_MAX_ACCESSES`, the replay of ``sample`` (the largest within it) at the scaled
@@ -855,7 +867,7 @@ def _belady_rows(
         totals = trace_totals(full)
         out = []
         for cap in caps:
-            r = replay_one(full, "belady", cap, totals=totals, progress=False)
+            r = replay_one(full, "belady", cap, totals=totals, progress=progress)
             out.append(row("belady", "belady", 1.0, cap, cap, r["block_hit_rate"],
                            r["token_hit_rate"]))  # fmt: skip
         return out

@@ -442,3 +442,11 @@ def test_past_the_limit_belady_comes_from_the_largest_sample_within_it(monkeypat
     rows = skv.mrc.capacity_curve(trace, rates=[0.5], points=4, sample_points=2,
                                   belady_points=2, unit="block")  # fmt: skip
     assert not [r for r in rows if r["method"] == "belady"]
+
+
+def test_the_one_pass_shows_progress_when_asked_and_is_silent_otherwise(capsys):
+    trace = compile_trace(make_workload("rag", seed=0, num_requests=20))
+    lru_curve(trace, progress=True)
+    assert "lru curve, one pass" in capsys.readouterr().err
+    lru_curve(trace, progress=False)
+    assert capsys.readouterr().err == ""

@@ -233,6 +233,7 @@ def cmd_replay_curve(args: argparse.Namespace) -> int:
         extra_capacities=extra,
         seed=args.sample_seed,
         unit=args.sample_unit,
+        progress=False if args.quiet else None,
     )
     out = (
         Path(args.output) if args.output else _default_out("capacity_curve", Path(args.trace).stem)

@@ -838,7 +838,7 @@ def capacity_curve(
                 )
     if belady_points > 0 and u:
         fracs = np.geomspace(0.01, 0.5, belady_points) if belady_points > 1 else [0.1]
-        caps = [max(1, round(f * u)) for f in fracs]
+        caps = sorted({max(1, round(f * u)) for f in fracs})  # distinct on a tiny trace
         rows += _belady_rows(trace, caps, belady_sample, row, progress)
     return rows
 

@@ -450,3 +450,10 @@ def test_the_one_pass_shows_progress_when_asked_and_is_silent_otherwise(capsys):
     assert "lru curve, one pass" in capsys.readouterr().err
     lru_curve(trace, progress=False)
     assert capsys.readouterr().err == ""
+
+
+def test_belady_rows_are_at_distinct_capacities_on_a_tiny_trace():
+    trace = compile_trace(_hash_id_trace(0, n=3))  # a handful of unique blocks
+    rows = skv.mrc.capacity_curve(trace, rates=[1.0], points=4, sample_points=2, belady_points=5)
+    caps = [r["capacity_blocks"] for r in rows if r["method"] == "belady"]
+    assert caps and len(caps) == len(set(caps))

@@ -406,7 +406,7 @@ class Sample:
     shared by sessions) in the sample; ``key_share``: the share of the trace's distinct non-trunk
     keys the sample holds (per-key and whole-unit samples set it; None means the nominal rate)."""
 
-    trace: Sequence[RequestBlocks]  # a list; a CompactTrace for a per-key sample
+    trace: Sequence[RequestBlocks]  # a CompactTrace if per key or cut from one; else a list
     rate: float
     unit: str
     depth: int
@@ -812,7 +812,7 @@ def capacity_curve(
     ]
     sampler = Sampler(trace, unit)
     # Belady past the limit replays the largest sample within it: only that one is kept
-    sampled_belady = belady_points > 0 and u > 0 and _accesses(trace) > BELADY_MAX_ACCESSES
+    sampled_belady = belady_points > 0 and u > 0 and trace.block_accesses > BELADY_MAX_ACCESSES
     belady_sample: Sample | None = None
     for rate in rates:
         sample = sampler.sample(rate, seed)
@@ -820,7 +820,8 @@ def capacity_curve(
             log.warning("sample rate %g kept no request: no SHARDS rows at this rate", rate)
             continue
         larger = belady_sample is None or rate > belady_sample.rate
-        if sampled_belady and larger and _accesses(sample.trace) <= BELADY_MAX_ACCESSES:
+        # a sample of a CompactTrace is one (whole units and per key alike)
+        if sampled_belady and larger and sample.trace.block_accesses <= BELADY_MAX_ACCESSES:
             belady_sample = sample
         for name in policies:
             for r in shards_curve(trace, name, coarse[rate], rate, sample=sample):
@@ -850,7 +851,7 @@ BELADY_MAX_ACCESSES = 12_000_000
 
 
 def _belady_rows(
-    trace: Sequence[RequestBlocks],
+    trace: CompactTrace,
     caps: list[int],
     sample: Sample | None,
     row,
@@ -861,9 +862,9 @@ def _belady_rows(
     capacity (its rows carry that rate and unit: a sampled estimate, not the bound)."""
     from skv.replay import replay_one, trace_totals
 
-    accesses = _accesses(trace)
+    accesses = trace.block_accesses
     if accesses <= BELADY_MAX_ACCESSES:
-        full = list(trace) if isinstance(trace, CompactTrace) else trace
+        full = list(trace)  # next-use annotations need the list
         totals = trace_totals(full)
         out = []
         for cap in caps:
@@ -884,12 +885,6 @@ def _belady_rows(
                        r["sample_capacity_blocks"], r["block_hit_rate"], r["token_hit_rate"],
                        sample.label))  # fmt: skip
     return out
-
-
-def _accesses(trace: Sequence[RequestBlocks]) -> int:
-    if isinstance(trace, CompactTrace):
-        return trace.block_accesses
-    return sum(len(rb.keys) for rb in trace)
 
 
 def write_capacity_curve(rows: list[dict[str, Any]], out_dir: Any, meta: dict[str, Any]) -> None:

@@ -18,11 +18,9 @@ wastes little pricing work.
 
 from __future__ import annotations
 
-import heapq
 import logging
-from bisect import bisect_left
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
 
 from tqdm import tqdm
@@ -34,10 +32,11 @@ from skv.blocks import (
     compile_trace,
     request_blocks,
 )
-from skv.latency.base import Iteration, LatencyModel
+from skv.latency.base import LatencyModel
 from skv.model import Request, Segment, SemanticType, content_hash
 from skv.policies.registry import OFFLINE, make_cache
 from skv.sim.config import SimConfig
+from skv.sim.events import EventLoop, IterationHook
 from skv.sim.replica import Replica, RequestState
 from skv.sim.results import SimResult, summarize
 from skv.sim.routers import SimRouting
@@ -100,40 +99,16 @@ def simulate(
         config.router_view,
         config.router_cache_blocks,
     )
-    sim = _Run(config, latency, replicas, on_iteration)
-    heap = sim.heap
-    nxt = 0
-    n = len(states)
+    sim = EventLoop(config, latency, replicas, on_iteration, _RUN_CAP_START, _RUN_CAP_MAX)
     with tqdm(
-        total=n,
+        total=len(states),
         desc=f"simulate {config.policy}",
         unit="req",
         leave=False,
         disable=(not progress) if progress is not None else None,
         mininterval=1.0,
     ) as bar:
-        while nxt < n or heap:
-            if nxt < n and (not heap or states[nxt].arrival_s <= heap[0][0]):
-                st = states[nxt]
-                nxt += 1
-                now = st.arrival_s
-                k = router.choose(st.rb)
-                st.replica = k
-                rep = replicas[k]
-                rep.enqueue(st)
-                if rep.busy:
-                    sim.cut_run(k, now)
-                    continue
-            else:
-                now, _, k, version = heapq.heappop(heap)
-                if version != sim.version[k]:
-                    continue  # a decode run that an arrival cut short
-                rep = replicas[k]
-                sim.end_run(rep)
-                for st in rep.advance(now):
-                    sim.finish(rep, st, now)
-                    bar.update(1)
-            sim.start_iteration(rep, now)
+        sim.run(states, router, None if bar.disable else bar.update)
     unfinished = [st for st in states if st.finished_s is None]
     if unfinished:  # cannot happen unless a request can never be admitted
         raise RuntimeError(
@@ -143,152 +118,13 @@ def simulate(
     return summarize(states, replicas, sim.memory, sim.policy_series, config, latency)
 
 
-IterationHook = Callable[[int, float, float, Iteration], None]
-
 #: a decode run's length cap starts here, doubles while runs end uncut, and never exceeds the max
 _RUN_CAP_START = 8
 _RUN_CAP_MAX = 1024
 
 
-@dataclass(slots=True)
-class _DecodeRun:
-    """Decode-only iterations of one replica priced at once: the first starts at ``start``
-    with ``context`` decode tokens; ``ends[i]`` is iteration i's end; ``sample`` the replica's
-    memory sample (constant during the run)."""
-
-    start: float
-    context: int
-    ends: list[float]
-    sample: dict[str, float]
-
-
 def _by_time(row: dict[str, float]) -> float:
     return row["time_s"]
-
-
-class _Run:
-    """Per-run bookkeeping the event loop delegates to (iterations, decode runs, completions,
-    samples). ``heap`` holds ``(end_s, seq, replica, version)``; an entry whose version is not
-    the replica's current one belongs to a cut decode run and is skipped."""
-
-    def __init__(
-        self,
-        config: SimConfig,
-        latency: LatencyModel,
-        replicas: list[Replica],
-        on_iteration: IterationHook | None = None,
-    ):
-        self.config = config
-        self.latency = latency
-        self.replicas = replicas
-        self.on_iteration = on_iteration
-        self.memory: list[dict[str, float]] = []
-        self.policy_series: list[dict[str, float]] = []
-        self.heap: list[tuple[float, int, int, int]] = []
-        self.version = [0] * len(replicas)
-        self._seq = 0
-        self._runs: list[_DecodeRun | None] = [None] * len(replicas)
-        self._cap = [_RUN_CAP_START] * len(replicas)
-        self._next_sample = [0.0] * len(replicas)
-        self._finished = 0
-
-    def _push(self, k: int, end: float) -> None:
-        self._seq += 1
-        heapq.heappush(self.heap, (end, self._seq, k, self.version[k]))
-
-    def start_iteration(self, rep: Replica, now: float) -> None:
-        """Admit, plan and start ``rep``'s next iteration (or decode run), or mark it idle."""
-        rep.admit(now)
-        it = rep.plan()
-        self._sample(rep, now)
-        if it is None:
-            rep.busy = False
-            return
-        rep.busy = True
-        k = rep.index
-        nxt = rep.next_finish
-        length = 1 if it.prefill or nxt is None else min(nxt - rep.iterations, self._cap[k])
-        if length <= 1:
-            end = now + self.latency.iteration_ms(it) / 1000.0
-            if self.on_iteration is not None:
-                self.on_iteration(k, now, end, it)
-            self._push(k, end)
-            return
-        ends = self.latency.decode_run_ends(rep.decoding, rep.decode_context, length, now)
-        self._runs[k] = _DecodeRun(now, rep.decode_context, ends, self._snapshot(rep))
-        self._push(k, ends[-1])
-
-    def cut_run(self, k: int, now: float) -> None:
-        """A request was routed to busy replica ``k`` at ``now``: end its decode run at the first
-        iteration end >= ``now`` (where it will be admitted)."""
-        run = self._runs[k]
-        if run is None:
-            return
-        m = bisect_left(run.ends, now)
-        if m >= len(run.ends) - 1:
-            return
-        del run.ends[m + 1 :]
-        self._cap[k] = max(_RUN_CAP_START, (m + 1) * 2)
-        self.version[k] += 1
-        self._push(k, run.ends[m])
-
-    def end_run(self, rep: Replica) -> None:
-        """Before ``rep``'s last iteration of a decode run is applied: apply the others, and
-        report their iterations and memory samples."""
-        k = rep.index
-        run = self._runs[k]
-        if run is None:
-            return
-        self._runs[k] = None
-        ends = run.ends
-        if len(ends) >= self._cap[k]:
-            self._cap[k] = min(_RUN_CAP_MAX, self._cap[k] * 2)
-        rep.skip_decodes(len(ends) - 1)
-        every = self.config.sample_every_s
-        start = run.start
-        for i, end in enumerate(ends):
-            if i and start >= self._next_sample[k]:
-                self._next_sample[k] = start + every
-                self.memory.append({"time_s": start, **run.sample})
-            if self.on_iteration is not None:
-                d = rep.decoding
-                self.on_iteration(k, start, end, Iteration((), d, run.context + i * d))
-            start = end
-
-    def finish(self, rep: Replica, st: RequestState, now: float) -> None:
-        if self.config.include_output_blocks:
-            self._grow_by_output(rep, st, now)
-        rep.cache.release(st.lease, now)
-        st.lease = None
-        self._finished += 1
-        every = self.config.policy_metrics_every
-        policy = getattr(rep.cache, "policy", None)
-        if every and policy is not None and self._finished % every == 0:
-            m = policy.metrics()
-            if m:
-                self.policy_series.append({"time_s": now, "replica": rep.index, **m})
-
-    def _grow_by_output(self, rep: Replica, st: RequestState, now: float) -> None:
-        """Cache the generated answer's blocks (type ``output``) after the prompt's chain."""
-        if st.ext_rb is not None:
-            rep.cache.extend(st.lease, st.ext_rb, st.ext_start, now)
-
-    def _snapshot(self, rep: Replica) -> dict[str, float]:
-        cache = rep.cache
-        return {
-            "replica": rep.index,
-            "cached_blocks": len(cache),
-            "pinned_blocks": cache.pinned_blocks,
-            "utilisation": len(cache) / cache.usable_blocks,
-            "waiting": len(rep.waiting),
-            "running": rep.running,
-        }
-
-    def _sample(self, rep: Replica, now: float) -> None:
-        if now < self._next_sample[rep.index]:
-            return
-        self._next_sample[rep.index] = now + self.config.sample_every_s
-        self.memory.append({"time_s": now, **self._snapshot(rep)})
 
 
 def _plan_output_blocks(st: RequestState, config: SimConfig) -> None:

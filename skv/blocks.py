@@ -137,11 +137,13 @@ def request_blocks(
     holding each session's last hash-id chain: a turn that repeats its session's previous
     prompt copies those keys instead of hashing them again (prefix keying; the keys are the
     same either way, since a prefix key depends only on the root and the ids up to it)."""
-    mode = KeyingMode(mode)
+    if mode.__class__ is not KeyingMode:
+        mode = KeyingMode(mode)
     salt = request.tenant_id if salt_by_tenant else None
+    prompt = request.prompt_tokens
     if request.hash_ids is not None:
         keys, parents, tokens, stypes, seg_tokens = _hash_id_blocks(
-            request, block_size, mode, salt, chains
+            request, block_size, mode, salt, chains, prompt
         )
         block_size = request.hash_block_size or block_size
     elif mode is KeyingMode.PREFIX:
@@ -160,7 +162,7 @@ def request_blocks(
         turn=request.turn or 0,
         templated=request.templated,
         block_size=block_size,
-        prompt_tokens=max(request.prompt_tokens, sum(tokens)),
+        prompt_tokens=max(prompt, sum(tokens)),
     )
 
 
@@ -200,6 +202,7 @@ def iter_blocks(
     """:func:`compile_trace` one request at a time (a consumer that keeps less than every
     request's lists, such as ``skv.compact_trace.CompactTrace``, stays small)."""
     chains: dict = {}
+    mode = KeyingMode(mode)
     for i, r in enumerate(requests):
         yield request_blocks(
             r,
@@ -362,18 +365,22 @@ def _hash_id_blocks(
     mode: KeyingMode,
     salt: str | None,
     chains: dict | None = None,
+    prompt: int | None = None,
 ):
     """Blocks straight from a trace's hash ids; a block takes the type of its first token.
-    ``chains``: see :func:`request_blocks`."""
+    ``chains``: see :func:`request_blocks`; ``prompt``: the request's prompt tokens (None:
+    summed here)."""
     bs = request.hash_block_size or block_size
     if request.hash_block_size and block_size and block_size != request.hash_block_size:
         raise ValueError(
             f"request {request.request_id}: trace blocks are {request.hash_block_size} tokens; "
             f"block_size={block_size} cannot re-cut hash ids (use the trace's block size)"
         )
-    hids = request.hash_ids or []
-    n = len(hids)
-    prompt = request.prompt_tokens
+    hids: list = request.hash_ids or []
+    n: cython.Py_ssize_t = len(hids)
+    i: cython.Py_ssize_t
+    if prompt is None:
+        prompt = request.prompt_tokens
     root = _root(salt)
     segs = request.segments or [Segment(SemanticType.UNKNOWN, prompt)]
     # block i starts at token i * bs and takes the type of the last segment starting at or
@@ -408,15 +415,21 @@ def _hash_id_blocks(
             known = common_prefix_len(hids, prev[0])
             keys = prev[1][:known]
     chain = keys[known - 1] if known else root
-    nxt = restarts[0] if restarts else n
-    r = 0
-    for i in range(known, n):
-        if i == nxt:
-            chain = root
-            r += 1
-            nxt = restarts[r] if r < len(restarts) else n
-        chain = hash((chain, hids[i])) & _MASK64
-        keys.append(chain)
+    mask = _MASK64
+    if not restarts:  # prefix keying: one chain (the common case, kept tight)
+        for i in range(known, n):
+            chain = hash((chain, hids[i])) & mask
+            keys.append(chain)
+    else:
+        nxt = restarts[0]
+        r = 0
+        for i in range(known, n):
+            if i == nxt:
+                chain = root
+                r += 1
+                nxt = restarts[r] if r < len(restarts) else n
+            chain = hash((chain, hids[i])) & mask
+            keys.append(chain)
     if memo is not None:
         chains[memo] = (hids, keys)
     parents: list[int | None] = [None, *keys[: n - 1]] if n else []

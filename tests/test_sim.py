@@ -194,3 +194,38 @@ def test_every_summary_field_is_its_definition_over_the_run():
     assert s["throughput_rps"] == pytest.approx(len(rows) / span)
     out = sum(r["output_tokens"] for r in rows)
     assert s["output_tokens_per_s"] == pytest.approx(out / span)
+
+
+@pytest.mark.parametrize("enabled, frozen", [(True, False), (False, False), (True, True)])
+def test_the_garbage_collector_is_left_as_the_caller_had_it(enabled, frozen):
+    """The simulator pauses cyclic GC while it builds the trace and leaves the objects that
+    exist before the run out of collections during it (``gc.freeze``); afterwards the collector
+    is on or off as before, and a caller's own frozen objects stay frozen."""
+    import gc
+
+    was_enabled, was_frozen = gc.isenabled(), gc.get_freeze_count()
+    try:
+        if not enabled:
+            gc.disable()
+        if frozen:
+            gc.freeze()
+        count = gc.get_freeze_count()
+        seen: list[tuple[bool, int]] = []
+        res = simulate(
+            rag_requests(40),
+            SimConfig(capacity_blocks=64, block_size=16, replicas=2, router="least_loaded"),
+            make_latency_model("linear"),
+            progress=False,
+            on_iteration=lambda *a: seen.append((gc.isenabled(), gc.get_freeze_count())),
+        )
+        assert len(res.requests) == 40
+        assert gc.isenabled() is enabled
+        assert gc.get_freeze_count() == count
+        # during the run: the collector as the caller had it, the earlier objects frozen
+        assert seen and all(on is enabled for on, _ in seen)
+        assert all(n > 0 for _, n in seen)
+    finally:
+        gc.unfreeze()
+        if was_frozen:
+            gc.freeze()
+        (gc.enable if was_enabled else gc.disable)()

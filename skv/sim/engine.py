@@ -18,8 +18,10 @@ wastes little pricing work.
 
 from __future__ import annotations
 
+import gc
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Any
 
@@ -72,10 +74,13 @@ def simulate(
     order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_s, i))
     ordered = [requests[i] for i in order]
     mode = KeyingMode(config.mode)
-    trace = compile_trace(ordered, config.block_size, mode, salt_by_tenant=config.salt_by_tenant)
-    states = [
-        RequestState(rb.index, r, rb, r.arrival_s) for r, rb in zip(ordered, trace, strict=True)
-    ]
+    with _gc_paused():  # plain data, no cycles: nothing for the collector to find
+        trace = compile_trace(
+            ordered, config.block_size, mode, salt_by_tenant=config.salt_by_tenant
+        )
+        states = [
+            RequestState(rb.index, r, rb, r.arrival_s) for r, rb in zip(ordered, trace, strict=True)
+        ]
     replicas = [
         Replica(
             k,
@@ -100,14 +105,17 @@ def simulate(
         config.router_cache_blocks,
     )
     sim = EventLoop(config, latency, replicas, on_iteration, _RUN_CAP_START, _RUN_CAP_MAX)
-    with tqdm(
-        total=len(states),
-        desc=f"simulate {config.policy}",
-        unit="req",
-        leave=False,
-        disable=(not progress) if progress is not None else None,
-        mininterval=1.0,
-    ) as bar:
+    with (
+        tqdm(
+            total=len(states),
+            desc=f"simulate {config.policy}",
+            unit="req",
+            leave=False,
+            disable=(not progress) if progress is not None else None,
+            mininterval=1.0,
+        ) as bar,
+        _gc_frozen(),
+    ):
         sim.run(states, router, None if bar.disable else bar.update)
     unfinished = [st for st in states if st.finished_s is None]
     if unfinished:  # cannot happen unless a request can never be admitted
@@ -115,7 +123,8 @@ def simulate(
             f"{len(unfinished)} requests never finished (first: {unfinished[0].request.request_id})"
         )
     sim.memory.sort(key=_by_time)  # decode runs add their samples when they end
-    return summarize(states, replicas, sim.memory, sim.policy_series, config, latency)
+    with _gc_paused():  # one row dict per request
+        return summarize(states, replicas, sim.memory, sim.policy_series, config, latency)
 
 
 #: a decode run's length cap starts here, doubles while runs end uncut, and never exceeds the max
@@ -125,6 +134,36 @@ _RUN_CAP_MAX = 1024
 
 def _by_time(row: dict[str, float]) -> float:
     return row["time_s"]
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection inside (restored after, if it was on). For building the
+    trace's objects: each collection would rescan all of them, which took most of the time
+    the building takes (a 17,600-request cluster trace: 0.27 s instead of 0.08 s)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+@contextmanager
+def _gc_frozen() -> Iterator[None]:
+    """The objects that exist on entry (the trace, requests and caches) are left out of
+    cyclic garbage collection inside (``gc.freeze``), so a collection scans only what the run
+    creates; they return to the oldest generation on exit. Skipped when the process already
+    froze objects of its own (unfreezing would release those too)."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def _plan_output_blocks(st: RequestState, config: SimConfig) -> None:

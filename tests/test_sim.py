@@ -220,7 +220,8 @@ def test_the_garbage_collector_is_left_as_the_caller_had_it(enabled, frozen):
         )
         assert len(res.requests) == 40
         assert gc.isenabled() is enabled
-        assert gc.get_freeze_count() == count
+        # still frozen (some frozen objects may have died meanwhile), or nothing frozen
+        assert 0 < gc.get_freeze_count() <= count if frozen else gc.get_freeze_count() == 0
         # during the run: the collector as the caller had it, the earlier objects frozen
         assert seen and all(on is enabled for on, _ in seen)
         assert all(n > 0 for _, n in seen)

@@ -10,14 +10,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import cython
 import numpy as np
 
 from skv.model import NUM_TYPES, TYPES
+from skv.sim.replica import RequestState
 
 if TYPE_CHECKING:
     from skv.latency.base import LatencyModel
     from skv.sim.config import SimConfig
-    from skv.sim.replica import Replica, RequestState
+    from skv.sim.replica import Replica
 
 
 @dataclass
@@ -33,7 +35,7 @@ class SimResult:
 def _request_row(st: RequestState) -> dict[str, Any]:
     assert st.admitted_s is not None and st.first_token_s is not None
     assert st.finished_s is not None
-    gen = st.generated
+    gen: cython.longlong = st.generated
     return {
         "request_id": st.request.request_id,
         "replica": st.replica,
@@ -49,6 +51,25 @@ def _request_row(st: RequestState) -> dict[str, Any]:
         "blocks": st.rb.num_blocks,
         "hit_blocks": st.hit_blocks,
     }
+
+
+def _type_totals(states: list[RequestState]) -> tuple[list[int], list[int]]:
+    """Prompt tokens and blocks per semantic type (index ``TYPE_INDEX``) over all requests."""
+    type_tokens = [0] * NUM_TYPES
+    type_blocks = [0] * NUM_TYPES
+    st: RequestState
+    i: cython.Py_ssize_t
+    t: cython.Py_ssize_t
+    for st in states:
+        tokens: list = st.rb.tokens
+        stypes: list = st.rb.stypes
+        if len(tokens) != len(stypes):
+            raise ValueError(f"request {st.index}: {len(tokens)} block sizes, {len(stypes)} types")
+        for i in range(len(tokens)):
+            t = stypes[i]
+            type_tokens[t] += tokens[i]
+            type_blocks[t] += 1
+    return type_tokens, type_blocks
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -77,12 +98,7 @@ def summarize(
     end = max((st.finished_s or 0.0 for st in states), default=0.0)
     span = max(end - start, 1e-9)
     stats = [rep.cache.stats for rep in replicas]
-    type_tokens = [0] * NUM_TYPES
-    type_blocks = [0] * NUM_TYPES
-    for st in states:
-        for tok, t in zip(st.rb.tokens, st.rb.stypes, strict=True):
-            type_tokens[t] += tok
-            type_blocks[t] += 1
+    type_tokens, type_blocks = _type_totals(states)
     hit_by_type = [sum(s.hit_tokens_by_type[t] for s in stats) for t in range(NUM_TYPES)]
     hit_blocks_by_type = [sum(s.hit_blocks_by_type[t] for s in stats) for t in range(NUM_TYPES)]
     evict_by_type = [sum(s.evictions_by_type[t] for s in stats) for t in range(NUM_TYPES)]

@@ -125,9 +125,7 @@ def bench_cluster(rate: float, routers: Sequence[str], repeat: int = 3) -> None:
         f"{setup:.2f} s); {cluster.replicas} replicas x {cluster.model} on {cluster.tp} x "
         f"{cluster.gpu}, roofline, {cluster.kv_capacity_blocks(512):,} blocks of 512 tokens each"
     )
-    print(
-        f"  each router {repeat} time(s), interleaved; req/s of the fastest and the median run"
-    )
+    print(f"  each router {repeat} time(s), interleaved; req/s of the fastest and the median run")
     print(
         f"  {'router':<20} {'best s':>8} {'req/s':>9} {'median s':>9} {'req/s':>9} "
         f"{'p99 TTFT':>10} {'hit rate':>9}"

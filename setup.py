@@ -19,5 +19,8 @@ extensions = cythonize(
 )
 for ext in extensions:
     ext.optional = True  # a failed compile falls back to pure Python instead of failing install
+    # no fused multiply-add: a*b + c rounds twice, as in Python, so compiled floats are
+    # Python's on every platform (aarch64 compilers contract by default)
+    ext.extra_compile_args = ["-ffp-contract=off"]
 
 setup(ext_modules=extensions)

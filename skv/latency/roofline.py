@@ -49,6 +49,7 @@ from typing import Any, ClassVar
 
 from skv.latency.base import Iteration, LatencyModel
 from skv.latency.gpus import GpuPreset, get_gpu
+from skv.latency.roofline_kernel import RooflineKernel
 from skv.sizing import ModelPreset, get_model
 
 #: activations exchanged by tensor-parallel all-reduces are bf16
@@ -92,6 +93,7 @@ class RooflineLatency(LatencyModel):
     _weight_bytes: float = field(init=False, repr=False, compare=False)
     _comm_fixed_ms: float = field(init=False, repr=False, compare=False)
     _comm_ms_per_token: float = field(init=False, repr=False, compare=False)
+    _kernel: RooflineKernel = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         preset = self.model if isinstance(self.model, ModelPreset) else get_model(self.model)
@@ -131,50 +133,31 @@ class RooflineLatency(LatencyModel):
         else:
             set_(self, "_comm_fixed_ms", 0.0)
             set_(self, "_comm_ms_per_token", 0.0)
+        kernel = RooflineKernel(
+            2.0 * preset.num_params,
+            self._attn_flops_per_pair,
+            self._weight_bytes,
+            preset.kv_bytes_per_token,
+            self._flops_per_ms,
+            self._bytes_per_ms,
+            self._comm_fixed_ms,
+            self._comm_ms_per_token,
+            self.overhead_ms,
+        )
+        set_(self, "_kernel", kernel)
 
     def _terms(self, it: Iteration) -> tuple[float, float, float]:
         """(compute_ms, memory_ms, comm_ms) of ``it``."""
-        pairs = 0.0  # (query, key) pairs attended by prefill chunks, causal
-        kv_read = 0
-        for c in it.prefill:
-            pairs += c.tokens * (c.context_before + c.tokens / 2)
-            kv_read += c.context_before + c.tokens
-        decode_ctx = it.decode_context_tokens
-        tokens = it.prefill_tokens + it.decode_seqs
-        p = self._preset
-        flops = 2.0 * p.num_params * tokens + self._attn_flops_per_pair * (pairs + decode_ctx)
-        nbytes = self._weight_bytes + p.kv_bytes_per_token * (kv_read + decode_ctx)
-        comm_ms = self._comm_fixed_ms + self._comm_ms_per_token * tokens if tokens else 0.0
-        return flops / self._flops_per_ms, nbytes / self._bytes_per_ms, comm_ms
+        return self._kernel.terms(it)
 
     def decode_ms(self, seqs: int, context_tokens: int) -> float:
         """``iteration_ms`` of a decode-only iteration, term for term as :meth:`_terms`."""
-        p = self._preset
-        flops = 2.0 * p.num_params * seqs + self._attn_flops_per_pair * context_tokens
-        nbytes = self._weight_bytes + p.kv_bytes_per_token * context_tokens
-        comm_ms = self._comm_fixed_ms + self._comm_ms_per_token * seqs if seqs else 0.0
-        compute_ms, memory_ms = flops / self._flops_per_ms, nbytes / self._bytes_per_ms
-        return max(compute_ms, memory_ms) + comm_ms + self.overhead_ms
+        return self._kernel.decode_ms(seqs, context_tokens)
 
     def decode_run_ends(self, seqs: int, context_tokens: int, count: int, start_s: float) -> list:
-        """:meth:`decode_ms`'s arithmetic inlined into the loop (same operations, same order, so
-        the same floats): the simulator's hottest loop in decode-heavy runs."""
-        p = self._preset
-        two_p_d = 2.0 * p.num_params * seqs
-        attn, weights, kv = self._attn_flops_per_pair, self._weight_bytes, p.kv_bytes_per_token
-        fpm, bpm, over = self._flops_per_ms, self._bytes_per_ms, self.overhead_ms
-        comm_ms = self._comm_fixed_ms + self._comm_ms_per_token * seqs if seqs else 0.0
-        ends = []
-        t = start_s
-        ctx = context_tokens
-        for _ in range(count):
-            compute_ms = (two_p_d + attn * ctx) / fpm
-            memory_ms = (weights + kv * ctx) / bpm
-            step_ms = (compute_ms if compute_ms >= memory_ms else memory_ms) + comm_ms + over
-            t = t + step_ms / 1000.0
-            ends.append(t)
-            ctx += seqs
-        return ends
+        """:meth:`decode_ms` step by step in one compiled loop (same operations, same order,
+        so the same floats): the simulator's hottest loop in decode-heavy runs."""
+        return self._kernel.decode_run_ends(seqs, context_tokens, count, start_s)
 
     def breakdown(self, it: Iteration) -> dict[str, float | str]:
         """The terms of ``iteration_ms`` and which roof binds (``bound``: compute or memory)."""
@@ -189,8 +172,7 @@ class RooflineLatency(LatencyModel):
         }
 
     def iteration_ms(self, it: Iteration) -> float:
-        compute_ms, memory_ms, comm_ms = self._terms(it)
-        return max(compute_ms, memory_ms) + comm_ms + self.overhead_ms
+        return self._kernel.iteration_ms(it)
 
     def describe(self) -> dict[str, Any]:
         p, g = self._preset, self._gpu

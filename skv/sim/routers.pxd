@@ -1,1 +1,12 @@
-# compiled with Cython (skv/_build.py): the router hot path
+# C layout of the simulator's replica views (see skv/_build.py); routers.py is the source.
+from skv.sim.replica cimport Replica
+
+cdef class ExactCacheView:
+    cdef public Replica replica
+    cdef public long long routed
+
+cdef class ApproximateView(ExactCacheView):
+    cdef public object cache
+    cdef public long long clock
+    cdef public object index
+    cdef public object bit

@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any
 
 from skv.routing import ROUTERS, Ranking, Router, make_router
 from skv.routing.precise import Precise
+from skv.sim.replica import Replica
 
 if TYPE_CHECKING:
     from skv.blocks import RequestBlocks
-    from skv.sim.replica import Replica
 
 __all__ = [
     "ROUTERS",
@@ -65,7 +65,8 @@ class ExactCacheView:
 
     @property
     def load(self) -> int:
-        return self.replica.load
+        replica: Replica = self.replica
+        return replica.load
 
     def match(self, rb: RequestBlocks) -> float:
         return float(self.replica.cache.lookup(rb))
@@ -99,9 +100,9 @@ class ApproximateView(ExactCacheView):
         super().__init__(replica)
         blocks = replica.cache.capacity_blocks if cache_blocks is None else cache_blocks
         self.cache = make_cache("lru", blocks, record_evictions=index is not None)
-        self._clock = 0
-        self._index = index
-        self._bit = bit
+        self.clock = 0
+        self.index = index
+        self.bit = bit
 
     def match(self, rb: RequestBlocks) -> float:
         return float(self.cache.lookup(rb))
@@ -110,22 +111,24 @@ class ApproximateView(ExactCacheView):
         """Insert the prompt routed here into the router's cache (its most recent entry)."""
         if not rb.keys:
             return
-        self._clock += 1
-        lease = self.cache.access(rb, float(self._clock))
-        index = self._index
+        self.clock += 1
+        lease = self.cache.access(rb, float(self.clock))
+        index: dict | None = self.index
         if index is None:
             return
-        bit = self._bit
-        log = self.cache.eviction_log
+        bit = self.bit
+        log: list = self.cache.eviction_log
         for entry in log:  # evictions happen before insertions: clear first, then set
-            held = index[entry[1]] & ~bit
+            key = entry[1]
+            held = index[key] & ~bit
             if held:
-                index[entry[1]] = held
+                index[key] = held
             else:
-                del index[entry[1]]
+                del index[key]
         log.clear()
         for b in lease.blocks:
-            index[b.key] = index.get(b.key, 0) | bit
+            key = b.key
+            index[key] = index.get(key, 0) | bit
 
 
 class ApproximateCluster(list):
@@ -205,7 +208,7 @@ class SimRouting:
 
     def choose(self, rb: RequestBlocks) -> int:
         k = self.router.rank(rb, self.views).first
-        view = self.views[k]
+        view: ExactCacheView = self.views[k]
         view.routed += 1
         if self._record:
             view.record(rb)

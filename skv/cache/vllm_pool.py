@@ -38,9 +38,16 @@ def flat_admission_need(pool: Any, rb: RequestBlocks) -> int:
     ``PolicyBlockPool``; no side effects): its misses plus the hits no request holds, which
     pinning removes from the free queue (vLLM v1's ``get_num_blocks_to_allocate`` counts them
     the same way)."""
-    n_hit = pool.lookup(rb)
-    unheld = sum(1 for key in rb.keys[:n_hit] if pool.ref[pool.cached[key]] == 0)
-    return len(rb.keys) - n_hit + unheld
+    n_hit: cython.Py_ssize_t = pool.lookup(rb)
+    ref = pool.ref  # read once: each read of a compiled pool's array makes a memoryview
+    cached: dict = pool.cached
+    keys: list = rb.keys
+    unheld: cython.Py_ssize_t = 0
+    i: cython.Py_ssize_t
+    for i in range(n_hit):
+        if ref[cached[keys[i]]] == 0:
+            unheld += 1
+    return len(keys) - n_hit + unheld
 
 
 class VllmBlockPool:

@@ -37,3 +37,21 @@ def long_lived() -> Iterator[None]:
     with no_cyclic_gc():
         yield
         gc.freeze()
+
+
+@contextmanager
+def existing_objects_frozen() -> Iterator[None]:
+    """Run a loop with everything that exists on entry (its input: a trace, requests, caches)
+    left out of cyclic collections (``gc.freeze``), so a collection inside scans only what the
+    loop creates, and cyclic garbage the loop makes is still collected (unlike
+    :func:`no_cyclic_gc`, for loops whose garbage may hold cycles). On exit the frozen objects
+    go back to the oldest generation. Does nothing when the process froze objects of its own
+    (unfreezing would release those too)."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()

@@ -14,14 +14,20 @@ iteration end at or after its arrival, exactly where the iteration-by-iteration 
 admitted it, so results are identical to pricing each iteration as its own event (a test checks
 this). Runs are capped in length (doubling while runs finish uncut, shrinking when cut) so a cut
 wastes little pricing work.
+
+This module builds a run (requests in arrival order, their blocks, replicas, router) and
+summarises it; the loop itself is :class:`skv.sim.events.EventLoop`. The loop, the replicas
+(:mod:`skv.sim.replica`), the result rows, the router views and the roofline's arithmetic are
+compiled with the replay hot path (plain Python without a compiler, same results:
+tests/test_compiled_equivalence.py). The trace and the result rows are built with the cyclic
+garbage collector paused and the loop runs with everything built before it frozen
+(:mod:`skv.runtime`): each collection used to rescan every request's objects.
 """
 
 from __future__ import annotations
 
-import gc
 import logging
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -37,6 +43,7 @@ from skv.blocks import (
 from skv.latency.base import LatencyModel
 from skv.model import Request, Segment, SemanticType, content_hash
 from skv.policies.registry import OFFLINE, make_cache
+from skv.runtime import existing_objects_frozen, no_cyclic_gc
 from skv.sim.config import SimConfig
 from skv.sim.events import EventLoop, IterationHook
 from skv.sim.replica import Replica, RequestState
@@ -74,7 +81,7 @@ def simulate(
     order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_s, i))
     ordered = [requests[i] for i in order]
     mode = KeyingMode(config.mode)
-    with _gc_paused():  # plain data, no cycles: nothing for the collector to find
+    with no_cyclic_gc():  # plain data, no cycles: nothing for the collector to find
         trace = compile_trace(
             ordered, config.block_size, mode, salt_by_tenant=config.salt_by_tenant
         )
@@ -114,7 +121,7 @@ def simulate(
             disable=(not progress) if progress is not None else None,
             mininterval=1.0,
         ) as bar,
-        _gc_frozen(),
+        existing_objects_frozen(),
     ):
         sim.run(states, router, None if bar.disable else bar.update)
     unfinished = [st for st in states if st.finished_s is None]
@@ -123,7 +130,7 @@ def simulate(
             f"{len(unfinished)} requests never finished (first: {unfinished[0].request.request_id})"
         )
     sim.memory.sort(key=_by_time)  # decode runs add their samples when they end
-    with _gc_paused():  # one row dict per request
+    with no_cyclic_gc():  # one row dict per request
         return summarize(states, replicas, sim.memory, sim.policy_series, config, latency)
 
 
@@ -134,36 +141,6 @@ _RUN_CAP_MAX = 1024
 
 def _by_time(row: dict[str, float]) -> float:
     return row["time_s"]
-
-
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """No cyclic garbage collection inside (restored after, if it was on). For building the
-    trace's objects: each collection would rescan all of them, which took most of the time
-    the building takes (a 17,600-request cluster trace: 0.27 s instead of 0.08 s)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
-@contextmanager
-def _gc_frozen() -> Iterator[None]:
-    """The objects that exist on entry (the trace, requests and caches) are left out of
-    cyclic garbage collection inside (``gc.freeze``), so a collection scans only what the run
-    creates; they return to the oldest generation on exit. Skipped when the process already
-    froze objects of its own (unfreezing would release those too)."""
-    if gc.get_freeze_count():
-        yield
-        return
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
 
 
 def _plan_output_blocks(st: RequestState, config: SimConfig) -> None:

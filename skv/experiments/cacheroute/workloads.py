@@ -41,6 +41,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from skv.model import Request, Segment, SemanticType
+from skv.runtime import no_cyclic_gc
 
 #: hash ids of generated requests: prefixes use ``key * _KEY_STRIDE + position`` (below
 #: ``_SUFFIX_BASE``), suffix blocks count up from ``_SUFFIX_BASE``
@@ -111,28 +112,33 @@ def _build(p: SyntheticParams, rate: float, seed: int, ranks: Callable) -> list[
     bt = p.block_tokens
     out: list[Request] = []
     next_id = _SUFFIX_BASE
-    for i in range(p.num_requests):
-        key = int(key_of_rank[rank[i]])
-        pb = int(prefix[key])
-        sfx = int(suffix[i])
-        sb = -(-sfx // bt)
-        ids = [key * _KEY_STRIDE + j for j in range(pb)]
-        ids.extend(range(next_id, next_id + sb))
-        next_id += sb
-        out.append(
-            Request(
-                f"{seed}:{i}",
-                float(times[i]),
-                [
-                    Segment(SemanticType.SYSTEM, pb * bt),
-                    Segment(SemanticType.USER_QUERY, sfx),
-                ],
-                output_tokens=int(output[i]),
-                session_id=f"key{key}",
-                hash_ids=ids,
-                hash_block_size=bt,
+    # Python scalars up front (indexing numpy arrays one element at a time is slow); the
+    # requests are long-lived plain data, built without the cyclic collector
+    keys, prefix_of = key_of_rank[rank].tolist(), prefix.tolist()
+    times_l, suffix_l, output_l = times.tolist(), suffix.tolist(), output.tolist()
+    with no_cyclic_gc():
+        for i in range(p.num_requests):
+            key = keys[i]
+            pb = prefix_of[key]
+            sfx = suffix_l[i]
+            sb = -(-sfx // bt)
+            ids = [key * _KEY_STRIDE + j for j in range(pb)]
+            ids.extend(range(next_id, next_id + sb))
+            next_id += sb
+            out.append(
+                Request(
+                    f"{seed}:{i}",
+                    times_l[i],
+                    [
+                        Segment(SemanticType.SYSTEM, pb * bt),
+                        Segment(SemanticType.USER_QUERY, sfx),
+                    ],
+                    output_tokens=output_l[i],
+                    session_id=f"key{key}",
+                    hash_ids=ids,
+                    hash_block_size=bt,
+                )
             )
-        )
     return out
 
 

@@ -153,3 +153,34 @@ def test_locality_beats_round_robin_when_a_replica_cannot_hold_both_working_sets
     assert rate["prefix_locality"] > rate["round_robin"]
     assert home["round_robin"] == {"A": {0, 1}, "B": {0, 1}}
     assert home["prefix_locality"] == {"A": {0}, "B": {1}}  # ties by routed: B to the idle one
+
+
+def test_order_by_sorts_by_each_column_in_turn_then_by_index():
+    """``order_by`` (one stable sort per column) gives the order of sorting the tuples
+    (column values..., index), on columns full of ties, mixed ints and floats and negatives."""
+    import random
+
+    from skv.routing.base import order_by
+
+    rng = random.Random(3)
+    for _ in range(300):
+        n = rng.randint(1, 40)
+        cols = [
+            [rng.choice([0, 1, 2, -1.5, 0.25, 2.0]) for _ in range(n)]
+            for _ in range(rng.randint(1, 4))
+        ]
+        want = [t[-1] for t in sorted(zip(*cols, range(n), strict=True))]
+        assert order_by(*cols) == want
+    with pytest.raises(ValueError, match="columns of 3 and 2"):
+        order_by([1, 2, 3], [1, 2])
+
+
+def test_matched_tokens_sums_the_leading_blocks_and_caps_at_the_prompt():
+    from helpers import rb
+
+    from skv.routing.base import matched_tokens
+
+    block = rb([1, 2, 3], tokens=[4, 4, 3])  # a partial last block
+    assert matched_tokens(block, [0.0, 1.0, 2.0, 3.0, 7.0]) == [0, 4, 8, 11, 11]
+    with pytest.raises(ValueError, match=">= 0"):
+        matched_tokens(block, [-1.0])

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
+import cython
+
 if TYPE_CHECKING:
     from skv.blocks import RequestBlocks
 
@@ -77,16 +79,31 @@ def matches(rb: RequestBlocks, views: Sequence[ReplicaView]) -> list[float]:
 def matched_tokens(rb: RequestBlocks, hits: Sequence[float]) -> list[int]:
     """Tokens of the leading blocks of ``rb`` each replica holds, given every replica's
     matched blocks (``matches``); one prefix sum shared by all replicas."""
-    cum = [0, *accumulate(rb.tokens)]
-    last = len(rb.tokens)
-    return [cum[min(int(h), last)] for h in hits]
+    tokens: list = rb.tokens
+    last: cython.Py_ssize_t = len(tokens)
+    cum: list = [0, *accumulate(tokens)]
+    out: list = []
+    m: cython.Py_ssize_t
+    for h in hits:
+        m = int(h)
+        if m < 0:
+            raise ValueError(f"matched blocks must be >= 0, got {h}")
+        out.append(cum[m if m < last else last])
+    return out
 
 
 def order_by(*columns: Sequence[float]) -> list[int]:
     """Replica indices sorted by the per-replica ``columns`` (first column first), ties by
-    index."""
-    n = len(columns)
-    return [k[n] for k in sorted(zip(*columns, range(len(columns[0])), strict=True))]
+    index: one stable sort per column, last column first (the same order as sorting the
+    tuples, without building them)."""
+    n = len(columns[0])
+    for col in columns:
+        if len(col) != n:
+            raise ValueError(f"order_by: columns of {n} and {len(col)} replicas")
+    order = list(range(n))
+    for col in reversed(columns):
+        order.sort(key=col.__getitem__)
+    return order
 
 
 def least_loaded_order(views: Sequence[ReplicaView]) -> list[int]:

@@ -9,7 +9,6 @@ from skv.routing.base import (
     Ranking,
     ReplicaView,
     Router,
-    least_loaded_order,
     matched_tokens,
     matches,
     order_by,
@@ -61,6 +60,10 @@ class SGLangCacheAware(Router):
         self.balance_abs_threshold = balance_abs_threshold
         self.balance_rel_threshold = balance_rel_threshold
         self.cache_threshold = cache_threshold
+        # the decision log's reasons, formatted once
+        self._imbalanced_reason = f"{self.name}: imbalanced, shortest queue"
+        self._match_reason = f"{self.name}: cache match"
+        self._no_match_reason = f"{self.name}: match <= {cache_threshold}, least loaded"
 
     def imbalanced(self, views: Sequence[ReplicaView]) -> bool:
         return self._imbalanced([v.load for v in views])
@@ -71,9 +74,9 @@ class SGLangCacheAware(Router):
 
     def rank(self, rb: RequestBlocks, views: Sequence[ReplicaView]) -> Ranking:
         loads = [v.load for v in views]
-        if self._imbalanced(loads):
-            reason = f"{self.name}: imbalanced, shortest queue"
-            return Ranking(least_loaded_order(views), None, reason)
+        routed = [v.routed for v in views]
+        if self._imbalanced(loads):  # the least loaded order (least_loaded_order)
+            return Ranking(order_by(loads, routed), None, self._imbalanced_reason)
         prompt = max(1, rb.prompt_tokens)
         ratio: dict[int, float] = {}  # by matched tokens: most replicas share a few values
         ratios = []
@@ -83,7 +86,6 @@ class SGLangCacheAware(Router):
                 r = ratio[t] = round(t / prompt, 6)
             ratios.append(r)
         if max(ratios) > self.cache_threshold:
-            order = order_by([-r for r in ratios], loads, [v.routed for v in views])
-            return Ranking(order, ratios, f"{self.name}: cache match")
-        reason = f"{self.name}: match <= {self.cache_threshold}, least loaded"
-        return Ranking(least_loaded_order(views), ratios, reason)
+            order = order_by([-r for r in ratios], loads, routed)
+            return Ranking(order, ratios, self._match_reason)
+        return Ranking(order_by(loads, routed), ratios, self._no_match_reason)

@@ -54,18 +54,27 @@ class FixedView:
         return float(self.lookup(rb)) if self.lookup is not None else 0.0
 
 
-@dataclass(frozen=True)
 class Ranking:
     """Every replica index, best first; the per-replica scores used (None: cache-blind); and a
-    short reason for the first (written to the service's decision log)."""
+    short reason for the first (written to the service's decision log). Read-only once made
+    (compiled: C fields that Python cannot set; plain Python: by convention)."""
 
-    order: list[int]
-    scores: list[float] | None
-    reason: str
+    def __init__(self, order: list[int], scores: list[float] | None, reason: str) -> None:
+        self.order = order
+        self.scores = scores
+        self.reason = reason
 
     @property
     def first(self) -> int:
         return self.order[0]
+
+    def __repr__(self) -> str:
+        return f"Ranking(order={self.order!r}, scores={self.scores!r}, reason={self.reason!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Ranking):
+            return NotImplemented
+        return (self.order, self.scores, self.reason) == (other.order, other.scores, other.reason)
 
 
 def matches(rb: RequestBlocks, views: Sequence[ReplicaView]) -> list[float]:

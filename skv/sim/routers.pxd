@@ -10,3 +10,6 @@ cdef class ApproximateView(ExactCacheView):
     cdef public long long clock
     cdef public object index
     cdef public object bit
+
+cdef list _match_small(dict index, object rb, Py_ssize_t n)
+cdef void _credit_small(list hits, unsigned long long mask, Py_ssize_t amount) except *

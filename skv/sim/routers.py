@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import cython
+
 from skv.routing import ROUTERS, Ranking, Router, make_router
 from skv.routing.precise import Precise
 from skv.sim.replica import Replica
@@ -142,17 +144,23 @@ class ApproximateCluster(list):
 
     def __init__(self, replicas: Sequence[Replica], cache_blocks: int | None = None) -> None:
         self.index: dict[Any, int] = {}
-        super().__init__(
-            ApproximateView(r, cache_blocks, self.index, 1 << k) for k, r in enumerate(replicas)
-        )
+        bit: object = 1  # Python ints: a cluster may have more replicas than a C integer bits
+        views = []
+        for r in replicas:
+            views.append(ApproximateView(r, cache_blocks, self.index, bit))
+            bit <<= 1
+        super().__init__(views)
 
     def match_all(self, rb: RequestBlocks) -> list[float]:
         """Every replica's matched blocks of ``rb`` with ``BlockCache.lookup``'s rule: a lookup
         run starts at every chain root and counts blocks until the replica's first miss."""
+        if len(self) <= _SMALL:
+            return _match_small(self.index, rb, len(self))
         index = self.index
         hits = [0] * len(self)
         parents = rb.parents
-        full = (1 << len(self)) - 1
+        one: object = 1  # a Python int: compiled, ``1 << n`` would be C arithmetic (n > 63)
+        full = (one << len(self)) - 1
         alive = start = 0
         for i, key in enumerate(rb.keys):
             if parents[i] is None:
@@ -166,6 +174,49 @@ class ApproximateCluster(list):
                 alive = held
         _credit(hits, alive, len(rb.keys) - start)
         return [float(h) for h in hits]
+
+
+#: clusters up to this many replicas keep their bitmasks in one C integer (``_match_small``)
+_SMALL = 63
+
+
+def _match_small(index: dict, rb: RequestBlocks, n: cython.Py_ssize_t) -> list:
+    """``ApproximateCluster.match_all`` for ``n <= _SMALL`` replicas: the same walk with the
+    masks in a C integer (compiled; the same Python ints otherwise)."""
+    keys: list = rb.keys
+    parents: list = rb.parents
+    hits: list = [0] * n
+    full: cython.ulonglong = (cython.cast(cython.ulonglong, 1) << n) - 1
+    alive: cython.ulonglong = 0
+    held: cython.ulonglong
+    start: cython.Py_ssize_t = 0
+    i: cython.Py_ssize_t
+    m: cython.Py_ssize_t = len(keys)
+    for i in range(m):
+        if parents[i] is None:
+            _credit_small(hits, alive, i - start)  # the previous run's survivors
+            alive = full
+            start = i
+        elif not alive:
+            continue
+        held = alive & index.get(keys[i], 0)
+        if held != alive:
+            _credit_small(hits, alive & ~held, i - start)
+            alive = held
+    _credit_small(hits, alive, m - start)
+    return [float(h) for h in hits]
+
+
+def _credit_small(hits: list, mask: cython.ulonglong, amount: cython.Py_ssize_t) -> None:
+    """:func:`_credit` for a mask in a C integer."""
+    r: cython.Py_ssize_t = 0
+    if not amount:
+        return
+    while mask:
+        if mask & 1:
+            hits[r] += amount
+        mask >>= 1
+        r += 1
 
 
 def _credit(hits: list[int], mask: int, amount: int) -> None:

@@ -213,9 +213,10 @@ def test_saecache_pure_python_fallback_is_bit_identical_on_every_queue(tmp_path)
 
 
 # The serving simulator and the routers are compiled too: a small cluster run per router and
-# view, compiled here against plain Python in a copy, request by request (json keeps floats).
+# view, compiled here against plain Python in a copy, request by request, every memory sample
+# and every iteration priced (json keeps floats).
 SIM_RUN = """
-import json, sys
+import hashlib, json, sys
 from skv.experiments.cacheroute.workloads import generate
 from skv.latency import make_latency_model
 from skv.sim import SimConfig, simulate
@@ -227,9 +228,16 @@ def run(routers):
     for router in routers:
         for view in ("exact", "approximate"):
             cfg = SimConfig(policy="vllm", capacity_blocks=150, block_size=512, replicas=4,
-                            router=router, router_view=view, sample_every_s=1e9)
-            res = simulate(reqs, cfg, latency, progress=False)
-            out[f"{router}/{view}"] = {"requests": res.requests, "summary": res.summary}
+                            router=router, router_view=view, sample_every_s=0.5)
+            steps = []  # every iteration priced: replica, start, end, batch (floats by repr)
+            hook = lambda k, s, e, it: steps.append(repr((k, s, e, it)))
+            res = simulate(reqs, cfg, latency, progress=False, on_iteration=hook)
+            out[f"{router}/{view}"] = {
+                "requests": res.requests,
+                "summary": res.summary,
+                "memory": res.memory,
+                "iterations": [len(steps), hashlib.sha256("\\n".join(steps).encode()).hexdigest()],
+            }
     return json.loads(json.dumps(out))
 
 if __name__ == "__main__":

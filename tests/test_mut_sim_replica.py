@@ -419,3 +419,29 @@ def test_the_approximate_view_inserts_at_a_clock_that_counts_insertions():
         (1.0, 3.0),
     ]
     assert view.match(x) == 2.0
+
+
+@pytest.mark.parametrize("field", ["max_batch_tokens", "max_running", "replicas"])
+@pytest.mark.parametrize("value", [8.5, 8.0, True, "8", 0])
+def test_batch_limits_and_replicas_must_be_whole_numbers(field, value):
+    """Compiled, the limits are C integers: 8.5 would silently become 8 there, so the config
+    refuses anything but a whole number >= 1 (numpy's included)."""
+    import numpy as np
+
+    with pytest.raises(ValueError, match=f"{field} must be"):
+        SimConfig(**{field: value})
+    assert getattr(SimConfig(**{field: np.int64(8)}), field) == 8
+
+
+def test_a_router_choosing_a_replica_that_does_not_exist_is_an_error():
+    from skv.latency import make_latency_model
+    from skv.sim.events import EventLoop
+
+    class Wrong:
+        def choose(self, rb):
+            return -1
+
+    reps = [Replica(0, make_cache("lru", 8), 64, 8)]
+    loop = EventLoop(SimConfig(), make_latency_model("linear"), reps, None, 8, 8)
+    with pytest.raises(ValueError, match="replica -1 of 1"):
+        loop.run([_state(0, [1], 2)], Wrong(), None)

@@ -130,3 +130,17 @@ def test_a_zero_cost_latency_model_gives_a_run_of_no_duration():
     s = res.summary
     assert s["requests"] == 2
     assert 0 < s["duration_s"] <= 1e-6
+
+
+def test_a_block_type_outside_the_type_index_is_an_error():
+    """Compiled, the per-type totals are indexed unchecked: a bad type must not reach them."""
+    from helpers import rb
+
+    from skv.sim.replica import RequestState
+    from skv.sim.results import _type_totals
+
+    st = RequestState(0, req("a", 0.0, 8, 1), rb([1, 2]), 0.0)
+    assert sum(_type_totals([st])[1]) == 2  # two blocks, each of its type
+    st.rb.stypes[0] = 99
+    with pytest.raises(ValueError, match="block type 99"):
+        _type_totals([st])

@@ -184,3 +184,13 @@ def test_matched_tokens_sums_the_leading_blocks_and_caps_at_the_prompt():
     assert matched_tokens(block, [0.0, 1.0, 2.0, 3.0, 7.0]) == [0, 4, 8, 11, 11]
     with pytest.raises(ValueError, match=">= 0"):
         matched_tokens(block, [-1.0])
+
+
+def test_an_empty_ranking_has_no_first():
+    from skv.routing.base import Ranking
+
+    r = Ranking([2, 0, 1], [1.0, 0.5, 0.0], "why")
+    assert r.first == 2 and r == Ranking([2, 0, 1], [1.0, 0.5, 0.0], "why")
+    assert r != Ranking([2, 1, 0], [1.0, 0.5, 0.0], "why")
+    with pytest.raises(IndexError, match="no first"):
+        _ = Ranking([], None, "none").first

@@ -3,7 +3,7 @@ cdef class RooflineKernel:
     cdef public double two_p
     cdef public double attn
     cdef public double weights
-    cdef public long long kv
+    cdef public double kv
     cdef public double fpm
     cdef public double bpm
     cdef public double comm_fixed

@@ -4,8 +4,8 @@ compiler): the simulator prices every iteration with it, so it is the cluster ru
 :class:`skv.latency.roofline.RooflineLatency` validates its inputs, derives the constants and
 delegates here. Every formula is the one in that module's docstring, evaluated in the same
 operation order whether compiled or not (so the floats are identical; setup.py turns off
-fused multiply-add contraction), and integer products stay integers until they meet a float,
-as in Python.
+fused multiply-add contraction). ``kv`` (bytes per KV token) may be fractional (a 4-bit KV
+cache); its products with token counts equal Python's exact int products below 2**53 bytes.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class RooflineKernel:
         two_p: float,
         attn: float,
         weights: float,
-        kv: int,
+        kv: float,
         fpm: float,
         bpm: float,
         comm_fixed: float,
@@ -60,9 +60,7 @@ class RooflineKernel:
         decode_ctx: cython.longlong = it.decode_context_tokens
         tokens: cython.longlong = prefill + it.decode_seqs
         flops: cython.double = self.two_p * tokens + self.attn * (pairs + decode_ctx)
-        nbytes: cython.double = self.weights + cython.cast(
-            cython.double, self.kv * (kv_read + decode_ctx)
-        )
+        nbytes: cython.double = self.weights + self.kv * (kv_read + decode_ctx)
         comm_ms: cython.double = self.comm_fixed + self.comm_per_token * tokens if tokens else 0.0
         return flops / self.fpm, nbytes / self.bpm, comm_ms
 
@@ -73,7 +71,7 @@ class RooflineKernel:
     def decode_ms(self, seqs: cython.longlong, context_tokens: cython.longlong) -> float:
         """``iteration_ms`` of a decode-only iteration, term for term as :meth:`terms`."""
         flops: cython.double = self.two_p * seqs + self.attn * context_tokens
-        nbytes: cython.double = self.weights + cython.cast(cython.double, self.kv * context_tokens)
+        nbytes: cython.double = self.weights + self.kv * context_tokens
         comm_ms: cython.double = self.comm_fixed + self.comm_per_token * seqs if seqs else 0.0
         compute_ms: cython.double = flops / self.fpm
         memory_ms: cython.double = nbytes / self.bpm
@@ -91,7 +89,7 @@ class RooflineKernel:
         two_p_d: cython.double = self.two_p * seqs
         attn: cython.double = self.attn
         weights: cython.double = self.weights
-        kv: cython.longlong = self.kv
+        kv: cython.double = self.kv
         fpm: cython.double = self.fpm
         bpm: cython.double = self.bpm
         over: cython.double = self.overhead
@@ -105,7 +103,7 @@ class RooflineKernel:
         ends: list = []
         for _i in range(count):
             compute_ms = (two_p_d + attn * ctx) / fpm
-            memory_ms = (weights + cython.cast(cython.double, kv * ctx)) / bpm
+            memory_ms = (weights + kv * ctx) / bpm
             step_ms = (compute_ms if compute_ms >= memory_ms else memory_ms) + comm_ms + over
             t = t + step_ms / 1000.0
             ends.append(t)

@@ -66,6 +66,8 @@ class Ranking:
 
     @property
     def first(self) -> int:
+        if not len(self.order):  # compiled, order[0] is read unchecked
+            raise IndexError("a ranking of no replicas has no first")
         return self.order[0]
 
     def __repr__(self) -> str:

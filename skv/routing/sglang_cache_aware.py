@@ -60,10 +60,9 @@ class SGLangCacheAware(Router):
         self.balance_abs_threshold = balance_abs_threshold
         self.balance_rel_threshold = balance_rel_threshold
         self.cache_threshold = cache_threshold
-        # the decision log's reasons, formatted once
+        # the decision log's fixed reasons, formatted once
         self._imbalanced_reason = f"{self.name}: imbalanced, shortest queue"
         self._match_reason = f"{self.name}: cache match"
-        self._no_match_reason = f"{self.name}: match <= {cache_threshold}, least loaded"
 
     def imbalanced(self, views: Sequence[ReplicaView]) -> bool:
         return self._imbalanced([v.load for v in views])
@@ -88,4 +87,5 @@ class SGLangCacheAware(Router):
         if max(ratios) > self.cache_threshold:
             order = order_by([-r for r in ratios], loads, routed)
             return Ranking(order, ratios, self._match_reason)
-        return Ranking(order_by(loads, routed), ratios, self._no_match_reason)
+        reason = f"{self.name}: match <= {self.cache_threshold}, least loaded"
+        return Ranking(order_by(loads, routed), ratios, reason)

@@ -36,16 +36,18 @@ class SimConfig:
         from skv.sim.routers import check_view
 
         check_view(self.router_view)
-        try:  # a whole number (numpy's too), not a bool
-            if isinstance(self.replicas, bool):
-                raise TypeError
-            self.replicas = operator.index(self.replicas)
-        except TypeError:
-            raise ValueError(
-                f"replicas must be a whole number >= 1, got {self.replicas!r}"
-            ) from None
-        if self.replicas < 1:
-            raise ValueError(f"replicas must be >= 1, got {self.replicas}")
+        # whole numbers (numpy's too), not bools: the simulator keeps them in C integers,
+        # where 8.5 would silently become 8
+        for name in ("replicas", "max_batch_tokens", "max_running"):
+            value = getattr(self, name)
+            try:
+                if isinstance(value, bool):
+                    raise TypeError
+                setattr(self, name, operator.index(value))
+            except TypeError:
+                raise ValueError(f"{name} must be a whole number >= 1, got {value!r}") from None
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
         period = self.sample_every_s
         if isinstance(period, bool) or not isinstance(period, int | float) or not period >= 0:
             raise ValueError(f"sample_every_s must be >= 0 seconds, got {period!r}")  # NaN too

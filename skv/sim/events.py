@@ -65,7 +65,7 @@ class EventLoop:
         self.run_cap_start = run_cap_start
         self.run_cap_max = run_cap_max
         self.sample_every_s = config.sample_every_s
-        self.policy_metrics_every = config.policy_metrics_every
+        self.policy_metrics_every = config.policy_metrics_every or 0  # None: off
         self.include_output_blocks = config.include_output_blocks
 
     def run(self, states: list, router: Any, progress: Callable[[int], Any] | None) -> None:
@@ -86,10 +86,11 @@ class EventLoop:
                 nxt += 1
                 now = st.arrival_s
                 k = router.choose(st.rb)
+                if not 0 <= k < len(replicas):  # compiled, the lists are indexed unchecked
+                    raise ValueError(f"the router chose replica {k} of {len(replicas)}")
                 st.replica = k
                 rep = replicas[k]
-                rep.waiting.append(st)
-                rep.load += 1
+                rep.enqueue(st)
                 if rep.busy:
                     self.cut_run(k, now)
                     continue

@@ -42,6 +42,7 @@ cdef class Replica:
     cdef public Py_ssize_t chunked
     cdef public long long admitted
 
+    cpdef enqueue(self, RequestState st)
     cpdef list admit(self, double now)
     cpdef object plan(self)
     cpdef Py_ssize_t plan_chunks(self)

@@ -43,7 +43,7 @@ class RequestState:
         self.rb = rb
         self.arrival_s = arrival_s
         self.prompt_tokens = rb.prompt_tokens
-        self.output_target = max(1, request.output_tokens)
+        self.output_target = max(1, int(request.output_tokens))
         self.replica = -1
         self.lease = None
         self.admitted_s = None

@@ -67,6 +67,8 @@ def _type_totals(states: list[RequestState]) -> tuple[list[int], list[int]]:
             raise ValueError(f"request {st.index}: {len(tokens)} block sizes, {len(stypes)} types")
         for i in range(len(tokens)):
             t = stypes[i]
+            if not 0 <= t < NUM_TYPES:  # compiled, the lists below are indexed unchecked
+                raise ValueError(f"request {st.index}: block type {t} is not a type index")
             type_tokens[t] += tokens[i]
             type_blocks[t] += 1
     return type_tokens, type_blocks

@@ -138,7 +138,7 @@ class ApproximateCluster(list):
     bitmask of the replicas whose router cache holds it (SGLang's router keeps one approximate
     tree with the set of workers per node, for the same reason). ``match_all`` then walks a
     request's keys once for every replica instead of once per replica; it returns what each
-    view's ``match`` would (tests/test_sim_routers.py checks it at every routing decision).
+    view's ``match`` would (tests/test_sim_router_view.py checks it at every routing decision).
 
     Memory: one entry per key cached on at least one replica."""
 
@@ -185,6 +185,8 @@ def _match_small(index: dict, rb: RequestBlocks, n: cython.Py_ssize_t) -> list:
     masks in a C integer (compiled; the same Python ints otherwise)."""
     keys: list = rb.keys
     parents: list = rb.parents
+    if len(parents) != len(keys):  # compiled, ``parents`` is indexed unchecked
+        raise ValueError(f"{len(keys)} keys but {len(parents)} parents")
     hits: list = [0] * n
     full: cython.ulonglong = (cython.cast(cython.ulonglong, 1) << n) - 1
     alive: cython.ulonglong = 0

@@ -132,7 +132,7 @@ class EventLoop:
             length = min(fin[0][0] - rep.iterations, self.cap[k])
         if length <= 1:
             if chunked:
-                it = rep.plan()
+                it = rep.iteration()  # the chunks planned above
                 end = now + self.latency.iteration_ms(it) / 1000.0
             else:
                 end = now + self.latency.decode_ms(rep.decoding, rep.decode_context) / 1000.0

@@ -45,6 +45,7 @@ cdef class Replica:
     cpdef enqueue(self, RequestState st)
     cpdef list admit(self, double now)
     cpdef object plan(self)
+    cpdef object iteration(self)
     cpdef Py_ssize_t plan_chunks(self)
     cpdef list advance(self, double now)
     cpdef void skip_decodes(self, long long count) except *

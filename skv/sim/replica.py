@@ -150,6 +150,10 @@ class Replica:
         applies."""
         if not self.plan_chunks() and not self.decoding:
             return None
+        return self.iteration()
+
+    def iteration(self) -> Iteration:
+        """The ``Iteration`` of the chunks :meth:`plan_chunks` set, plus this step's decodes."""
         chunks = []
         st: RequestState
         i: cython.Py_ssize_t

@@ -74,8 +74,8 @@ def seg(stype: SemanticType, num_tokens: int, name: str, **kw: Any) -> Segment:
     return Segment(stype, num_tokens, content_hash=content_hash(name), **kw)
 
 
-def req(*segments: Segment, request_id: str = "r", **kw: Any) -> Request:
-    return Request(request_id=request_id, arrival_s=0.0, segments=list(segments), **kw)
+def req(*segments: Segment, request_id: str = "r", arrival_s: float = 0.0, **kw: Any) -> Request:
+    return Request(request_id=request_id, arrival_s=arrival_s, segments=list(segments), **kw)
 
 
 def require_policy(name: str) -> None:

@@ -11,13 +11,14 @@ import pandas as pd
 import pytest
 
 from skv.experiments.cacheroute import study as S
-from skv.experiments.cacheroute.cluster import ClusterSpec, max_qps, simulate_point
+from skv.experiments.cacheroute.cluster import ClusterSpec, simulate_point
 from skv.experiments.cacheroute.workloads import (
     SyntheticParams,
     _key_shares,
     generate,
 )
 from skv.experiments.config import ConfigError
+from skv.experiments.slo_search import max_qps
 from skv.experiments.sweep import default_jobs, run_sweep
 
 CONFIGS = sorted(Path("experiments/cacheroute").glob("*.yaml"))

@@ -157,6 +157,16 @@ def test_a_deterministic_claim_needs_no_interval():
     assert check(claim(), 1.2).status == "ok"
 
 
+def test_a_claim_on_repeated_runs_needs_no_interval_and_says_runs_in_the_table():
+    c = claim(tolerance_basis="spread over 3 runs (1.0, 1.1, 1.3)", expected=1.2, tolerance=0.2)
+    assert not c.seeded
+    assert check(c, 1.3).status == "ok" and check(c, 1.5).status == "FAIL"
+    doc = C.ClaimsFile(claims=[c], no_claims={})
+    assert "(runs)" in C.markdown_table(doc)
+    with pytest.raises(ValueError, match="tolerance_basis"):
+        claim(tolerance_basis="spread over some runs")
+
+
 @pytest.mark.parametrize(
     ("over", "msg"),
     [

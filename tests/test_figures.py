@@ -163,7 +163,24 @@ def _paper_figures(docs: list[dict], curve) -> dict[str, object]:
         **_saecache_figures(),
         **_cacheroute_figures(),
         "eviction_figure": _vllm_eviction_figure(),
+        "fidelity_load_figure": _fidelity_load_figure(),
     }
+
+
+def _fidelity_load_figure():
+    """The fidelity-under-load figure on the study's result against the simulated engine (the
+    shape run_fidelity_load returns on the real one)."""
+    from skv.experiments.fidelity import load as FL
+    from skv.experiments.fidelity.sim_engine import SimulatedEngine
+    from skv.latency import CalibratedLatency
+
+    truth = CalibratedLatency(base_ms=3.0, ms_per_uncached_token=0.07, decode_ms_per_seq=0.1)
+    cfg = {**FL.DEFAULTS, **FL.load_config("experiments/fidelity/fidelity_load.yaml", quick=True)}
+    cfg.update(requests_per_stage=30, slo_requests=30, ramp_requests=20, warmup_requests=3)
+    res = FL.run_fidelity_load(
+        cfg, engine_factory=lambda args, work, t: SimulatedEngine(args, truth)
+    )
+    return FL.fidelity_load_figure(res)
 
 
 def _vllm_eviction_figure():
@@ -390,6 +407,7 @@ def test_every_figure_function_is_covered_here():
         "sensitivity_figure",
         "quality_figure",
         "repurpose_vllm_figure",
+        "fidelity_load_figure",
     }
 
 

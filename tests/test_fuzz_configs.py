@@ -40,24 +40,39 @@ FUZZ = settings(
 
 
 def _study_loaders() -> dict[str, tuple[Callable[..., Any], Path]]:
-    """name -> (loader, a shipped config it reads), for every study with a ``load_config``."""
+    """name -> (loader, a shipped config it reads), for every ``load_config`` of a study module
+    (``skv/experiments/<study>/*.py``), paired with the first of its study's configs it reads
+    (a study may hold several kinds: fidelity's sequential and under-load configs)."""
     out: dict[str, tuple[Callable[..., Any], Path]] = {
         "experiments.config": (
             lambda path, quick: load_config(path),
             ROOT / "experiments" / "semantickv" / "smoke.yaml",
         )
     }
-    for study in sorted((ROOT / "skv" / "experiments").glob("*/study.py")):
-        name = study.parent.name
-        module = importlib.import_module(f"skv.experiments.{name}.study")
+    for path in sorted((ROOT / "skv" / "experiments").glob("*/*.py")):
+        study = path.parent.name
+        configs = sorted((ROOT / "experiments" / study).glob("*.yaml"))
+        if path.stem == "__init__" or not configs:
+            continue
+        module = importlib.import_module(f"skv.experiments.{study}.{path.stem}")
         loader = getattr(module, "load_config", None)
-        configs = sorted((ROOT / "experiments" / name).glob("*.yaml"))
-        if loader is None or not configs:
+        if loader is None or getattr(loader, "__module__", None) != module.__name__:
             continue
         if "quick" not in inspect.signature(loader).parameters:  # e.g. config.load_config
             loader = _without_quick(loader)
-        out[name] = (loader, configs[0])
+        readable = [c for c in configs if _reads(loader, c)]
+        assert readable, f"{module.__name__}.load_config reads none of {study}'s configs"
+        out[study if path.stem == "study" else f"{study}.{path.stem}"] = (loader, readable[0])
     return out
+
+
+def _reads(loader: Callable[..., Any], path: Path) -> bool:
+    try:
+        loader(path, quick=True)
+        loader(path, quick=False)
+    except ConfigError:
+        return False
+    return True
 
 
 def _without_quick(loader: Callable[..., Any]) -> Callable[..., Any]:
@@ -68,7 +83,9 @@ LOADERS = _study_loaders()
 
 
 def test_the_loaders_read_their_shipped_configs():
-    assert {"experiments.config", "fidelity", "routing", "repurpose"} <= set(LOADERS)
+    assert {"experiments.config", "fidelity", "fidelity.load", "routing", "repurpose"} <= set(
+        LOADERS
+    )
     for name, (load, seed) in LOADERS.items():
         for quick in (False, True):
             assert load(seed, quick=quick) is not None, name

@@ -342,6 +342,7 @@ def test_fit_from_requests_uses_observations_and_skips_requests_without_them():
             req(
                 seg(SemanticType.USER_QUERY, prompt, f"q{i}"),
                 request_id=f"r{i}",
+                arrival_s=float(i),  # one at a time: each finds the engine idle
                 observed_ttft_ms=10.0 + 0.05 * (prompt - cached) + 0.001 * cached,
                 observed_cached_tokens=cached,
             )
@@ -362,11 +363,116 @@ def test_fit_from_requests_errors_when_too_few_carry_observations():
         req(
             seg(SemanticType.USER_QUERY, 100, "a"), observed_ttft_ms=20.0, observed_cached_tokens=0
         ),
-        req(seg(SemanticType.USER_QUERY, 100, "b")),
-        req(seg(SemanticType.USER_QUERY, 100, "c"), observed_ttft_ms=20.0),
+        req(seg(SemanticType.USER_QUERY, 100, "b"), arrival_s=1.0),
+        req(seg(SemanticType.USER_QUERY, 100, "c"), arrival_s=2.0, observed_ttft_ms=20.0),
     ]
-    with pytest.raises(ValueError, match=r"only 1 request.*2 skipped"):
+    with pytest.raises(ValueError, match=r"only 1 request.*2 without observations"):
         fit_from_requests(requests)
+
+
+def _loaded_run(n: int = 40, gap_s: float = 0.01) -> list:
+    """Requests every ``gap_s`` whose TTFT (50 ms and up) keeps the engine busy past the next
+    arrival, except every tenth, which comes after a pause: a run that queued."""
+    out, t = [], 0.0
+    for i in range(n):
+        t += 1.0 if i % 10 == 0 else gap_s
+        out.append(
+            req(
+                seg(SemanticType.USER_QUERY, 100 + i, f"q{i}"),
+                request_id=f"r{i}",
+                arrival_s=t,
+                observed_ttft_ms=50.0 + 0.1 * (100 + i) + (0.0 if i % 10 == 0 else 500.0),
+                observed_cached_tokens=0,
+            )
+        )
+    return out
+
+
+def test_idle_requests_keeps_only_those_that_found_the_engine_idle():
+    from skv.latency.calibrated import idle_requests
+
+    run = _loaded_run()
+    kept, dropped = idle_requests(run)
+    assert [r.request_id for r in kept] == ["r0", "r10", "r20", "r30"]
+    assert dropped == 36
+    # a recorded end-to-end time extends the busy span beyond the first token
+    a = req(seg(SemanticType.USER_QUERY, 10, "a"), request_id="a", observed_ttft_ms=5.0)
+    a.extra["observed_e2e_ms"] = 2000.0
+    b = req(seg(SemanticType.USER_QUERY, 10, "b"), request_id="b", arrival_s=1.0)
+    assert [r.request_id for r in idle_requests([a, b])[0]] == ["a"]
+    a.extra.clear()
+    assert [r.request_id for r in idle_requests([b, a])[0]] == ["a", "b"]
+    # a sequential replay: planned 10 ms apart, each sent after the previous one finished
+    seq = [
+        req(seg(SemanticType.USER_QUERY, 10, f"s{i}"), request_id=f"s{i}", arrival_s=0.01 * i,
+            observed_ttft_ms=40.0, extra={"sent_s": 0.1 * i, "observed_e2e_ms": 50.0})
+        for i in range(5)
+    ]  # fmt: skip
+    assert idle_requests(seq) == (seq, 0)
+    for r in seq:
+        del r.extra["sent_s"]
+    assert idle_requests(seq)[1] == 4
+
+
+def test_fit_from_requests_fits_only_idle_requests_of_a_loaded_run(caplog):
+    run = _loaded_run()
+    f = fit_from_requests(run, cached_term=False)
+    # the 500 ms of queueing in the busy requests never reaches the fit
+    assert f.n == 4 and f.excluded_busy == 36
+    assert f.base_ms == pytest.approx(50.0, abs=1e-6)
+    assert f.ms_per_uncached_token == pytest.approx(0.1, rel=1e-6)
+    assert "fitting only the 4 that found it idle" in caplog.text
+    assert f.report()["excluded_busy"] == 36
+    with pytest.raises(ValueError, match=r"only 2 request.*18 more arrived while.*sequential run"):
+        fit_from_requests(run[:20])
+    assert fit_from_requests(run, idle_only=False).n == 40
+
+
+def test_fit_iterations_recovers_known_step_costs_and_refuses_one_sided_data():
+    from skv.latency.calibrated import IterationObservation, fit_iterations
+
+    truth = CalibratedLatency(
+        base_ms=4.0,
+        ms_per_uncached_token=0.5,
+        ms_per_cached_token=0.02,
+        decode_ms_per_seq=0.3,
+        ms_per_decode_context_token=0.001,
+        ms_per_prefill_attention_kpair=0.05,
+    )
+    rows = []
+    for u, c in [(10, 0), (100, 0), (200, 256), (400, 64), (50, 512), (300, 128), (500, 700)]:
+        it = Iteration((PrefillChunk(u, c),))
+        rows.append(IterationObservation(u, c, 0, 0, truth.iteration_ms(it)))
+    for b, ctx in [(1, 100), (4, 800), (16, 4000), (32, 2000), (8, 6000)]:
+        rows.append(IterationObservation(0, 0, b, ctx, truth.decode_ms(b, ctx)))
+    f = fit_iterations(rows)
+    for key, value in f.params.items():
+        assert value == pytest.approx(getattr(truth, key), rel=1e-6, abs=1e-9), key
+    assert f.mape_pct < 1e-6 and f.r2 == pytest.approx(1.0)
+    m = f.to_model()
+    assert m.iteration_ms(Iteration((PrefillChunk(77, 33),), 3, 900)) == pytest.approx(
+        truth.iteration_ms(Iteration((PrefillChunk(77, 33),), 3, 900))
+    )
+    assert f.report()["params"] == f.params
+    with pytest.raises(ValueError, match="prefill tokens and steps with decodes"):
+        fit_iterations([r for r in rows if r.decode_seqs == 0])
+    with pytest.raises(ValueError, match="at least 6 steps"):
+        fit_iterations(rows[:5])
+
+
+def test_calibrated_decode_context_term_prices_decode_steps():
+    m = CalibratedLatency(
+        base_ms=2.0, ms_per_uncached_token=0.1, decode_ms_per_seq=0.5,
+        ms_per_decode_context_token=0.01,
+    )  # fmt: skip
+    assert m.decode_ms(4, 1000) == pytest.approx(2.0 + 0.5 * 4 + 0.01 * 1000)
+    assert m.describe()["constants"]["ms_per_decode_context_token"] == 0.01
+    # prefill attention: (query, key) pairs, causal within the chunk, per thousand
+    a = CalibratedLatency(
+        base_ms=1.0, ms_per_uncached_token=0.0, ms_per_prefill_attention_kpair=2.0
+    )
+    it = Iteration((PrefillChunk(100, 300), PrefillChunk(10, 0)))
+    assert a.iteration_ms(it) == pytest.approx(1.0 + 2.0 * (100 * 350 + 10 * 5) / 1000)
 
 
 def test_fit_from_requests_rejects_more_cached_than_prompt_tokens():

@@ -270,6 +270,7 @@ ARGPARSE_OUTSIDE_CLI = {
     "skv/artifact/pipeline.py": "python -m skv.artifact.pipeline, the entry reproduce.sh calls",
     "skv/vllm/smollm2.py": "a script run by the engine venv's python, not imported by skv",
     "skv/vllm/tiny_model.py": "a script run by the engine venv's python, not imported by skv",
+    "skv/vllm/loadgen.py": "a script run by the engine venv's python (skv.vllm.engine_load)",
     "skv/experiments/vllm_eviction/plugin_check.py": (
         "python -m in the engine venv (drives vLLM's own block pool), not imported by skv"
     ),

@@ -385,7 +385,8 @@ def test_describe_names_every_constant():
     c = CalibratedLatency(base_ms=1.0, ms_per_uncached_token=0.5).describe()
     assert c["constants"] == {
         "base_ms": 1.0, "ms_per_uncached_token": 0.5, "ms_per_cached_token": 0.0,
-        "decode_ms_per_seq": 0.5,
+        "decode_ms_per_seq": 0.5, "ms_per_decode_context_token": 0.0,
+        "ms_per_prefill_attention_kpair": 0.0,
     }  # fmt: skip
     assert "fit" not in c
 
@@ -483,7 +484,8 @@ def test_calibrated_fit_warns_when_a_coefficient_cannot_be_identified(caplog):
 
 
 def _req(i, prompt, cached, ttft):
-    return SimpleNamespace(request_id=f"r{i}", prompt_tokens=prompt,
+    # one second apart: each finds the engine idle (fit_from_requests fits only those)
+    return SimpleNamespace(request_id=f"r{i}", prompt_tokens=prompt, arrival_s=float(i), extra={},
                            observed_cached_tokens=cached, observed_ttft_ms=ttft)  # fmt: skip
 
 
@@ -496,7 +498,7 @@ def test_fit_from_requests_edges(caplog):
     assert "calibrated fit: skipped 2 request(s) without observations" in [
         r.getMessage() for r in caplog.records
     ]
-    with pytest.raises(ValueError, match=r"only 2 request\(s\) .* \(1 skipped\)"):
+    with pytest.raises(ValueError, match=r"only 2 request\(s\) .* \(1 without observations\)"):
         fit_from_requests([*reqs[:2], _req(3, 5, None, 1.0)])
 
 

@@ -3,9 +3,11 @@
 A claim (one entry of ``experiments/claims.yaml``) names what it compares, where its expected
 value comes from (a paper, the seed project, an independent oracle, or a measurement here with
 the reason it matters), the notebook step and value key that produce it, and a tolerance whose
-basis is either ``deterministic`` (the value cannot move for a fixed config) or the 95% interval
-over seeds (then the tolerance must cover the produced interval's half-width: a claim whose
-slack is narrower than its own seed spread is a regression check, not a thesis, and fails).
+basis is ``deterministic`` (the value cannot move for a fixed config), the 95% interval over
+seeds (then the tolerance must cover the produced interval's half-width: a claim whose slack is
+narrower than its own seed spread is a regression check, not a thesis, and fails), or the
+spread of repeated runs of a measurement no seed pins (``spread over N runs``: a real engine's
+timing under load; the basis lists the runs' values and the tolerance must cover them).
 ``holds`` optionally states the thesis on the produced interval (``"> 0"``: the whole interval
 is above 0; ``"~ 0"``: it contains 0, e.g. "not reproduced"). Quick runs have their own
 expectation or say why they check nothing (``quick: {not_checked: why}``).
@@ -91,7 +93,7 @@ class Expectation(_Strict):
 
 #: a seeded claim's interval must rest on at least this many seeds in full runs (issue 9)
 MIN_SEEDS_FULL = 5
-_BASIS = re.compile(r"^(deterministic\b|ci95 over seeds \d+-\d+\b)")
+_BASIS = re.compile(r"^(deterministic\b|ci95 over seeds \d+-\d+\b|spread over \d+ runs\b)")
 
 
 class Claim(_Strict):
@@ -108,8 +110,8 @@ class Claim(_Strict):
     unit: Literal["fraction", "points", "percent", "ms", "ratio", "count", "number"] = "number"
     expected: float
     tolerance: float = Field(ge=0)
-    #: "deterministic (why)" or "ci95 over seeds A-B (...)": the latter requires the produced
-    #: interval, resting on at least MIN_SEEDS_FULL seeds in full runs
+    #: "deterministic (why)", "ci95 over seeds A-B (...)" (requires the produced interval,
+    #: resting on at least MIN_SEEDS_FULL seeds in full runs) or "spread over N runs (values)"
     tolerance_basis: str = Field(pattern=_BASIS.pattern)
     holds: str | None = None
     #: what the thesis says about the source's statement when it holds: the paper's words
@@ -135,8 +137,8 @@ class Claim(_Strict):
     @property
     def seeded(self) -> bool:
         """Whether the tolerance rests on the seed spread (else the value is deterministic for
-        a fixed config, and the basis says why any slack is allowed)."""
-        return not self.tolerance_basis.startswith("deterministic")
+        a fixed config, or a repeated measurement's spread, and the basis says which)."""
+        return self.tolerance_basis.startswith("ci95")
 
     def expectation(self, quick: bool) -> Expectation:
         if quick:
@@ -379,7 +381,7 @@ def markdown_table(doc: ClaimsFile) -> str:
     for c in doc.claims:
         q = c.quick
         quick = "not checked" if q.not_checked else exp(q.expected, q.tolerance)
-        basis = "det." if not c.seeded else "95% CI"
+        basis = {"ci95": "95% CI", "spre": "runs"}.get(c.tolerance_basis[:4], "det.")
         lines.append(
             f"| `{c.id}` | {c.compares} | {c.source} | {exp(c.expected, c.tolerance)} ({basis}) "
             f"| {c.holds or '-'} | {c.verdict or '-'} | {quick} | `{c.step}` |"

@@ -210,6 +210,17 @@ STEPS: dict[str, Step] = {
             needs_engine=True,
         ),
         Step(
+            "fig_fidelity_load",
+            "fidelity",
+            "experiments/fidelity/fidelity_load.yaml",
+            (
+                *_fig("fig_fidelity_load"),
+                "tables/fidelity_load_errors.csv",
+                "tables/fidelity_load_errors.tex",
+            ),
+            needs_engine=True,
+        ),
+        Step(
             "fig_routing_vllm",
             "routing",
             "experiments/routing/routing_vllm.yaml",

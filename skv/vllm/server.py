@@ -94,11 +94,16 @@ def engine_env() -> dict[str, str]:
 
 
 def build_tiny_model(
-    out: str | Path, python: str | Path | None = None, *, seed: int = 0, timeout: float = 600.0
+    out: str | Path,
+    python: str | Path | None = None,
+    *,
+    seed: int = 0,
+    timeout: float = 600.0,
+    shape: str = "tiny",
 ) -> Path:
     """Build the tiny random-weight Llama (:mod:`skv.vllm.tiny_model`, run by the engine venv's
-    interpreter) into ``out``; a directory that already holds one is kept. Raises RuntimeError
-    with the build's output when it fails."""
+    interpreter; ``shape="small"`` for its larger timing shape) into ``out``; a directory that
+    already holds one is kept. Raises RuntimeError with the build's output when it fails."""
     from skv.vllm import tiny_model
 
     out = Path(out)
@@ -108,7 +113,7 @@ def build_tiny_model(
     if py is None:
         raise FileNotFoundError(f"no vLLM engine venv: {setup_hint()}")
     proc = subprocess.run(
-        [str(py), tiny_model.__file__, str(out), "--seed", str(seed)],
+        [str(py), tiny_model.__file__, str(out), "--seed", str(seed), "--shape", shape],
         env=engine_env(),
         capture_output=True,
         text=True,

@@ -27,7 +27,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from skv.experiments.cacheroute.cluster import ClusterSpec, max_qps, simulate_point
+from skv.experiments.cacheroute.cluster import ClusterSpec, simulate_point
 from skv.experiments.cacheroute.workloads import WORKLOADS, generate, needs_traces
 from skv.experiments.plotstyle import (
     GREY_LINE,
@@ -37,6 +37,7 @@ from skv.experiments.plotstyle import (
     policy_style,
     wrap_title,
 )
+from skv.experiments.slo_search import max_qps
 from skv.experiments.stats import interval
 from skv.experiments.sweep import run_sweep
 from skv.routing import make_router

@@ -52,7 +52,9 @@ def add_timed_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--calibrate-from-trace",
         action="store_true",
-        help="fit the calibrated latency model to the trace's observed TTFT and cached tokens",
+        help="fit the calibrated latency model to the trace's observed TTFT and cached tokens, "
+        "on the requests that found the engine idle (a TTFT measured behind other requests holds "
+        "their queueing; too few idle ones is an error that says so)",
     )
     g.add_argument("--replicas", type=int, default=1, help="serving replicas (default 1)")
     g.add_argument("--router", default="round_robin", help="request router across replicas")

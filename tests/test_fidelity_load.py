@@ -1,0 +1,318 @@
+"""Fidelity under load (skv/experiments/fidelity/load.py and its parts).
+
+Engine-free: the workload, the arrivals, the profiling plan, the calibration, and the whole
+study driven against :class:`SimulatedEngine` (the simulator with a known cost model standing in
+for vLLM), where every answer is known: the fit recovers the model, the errors vanish, both SLO
+searches agree. The ``vllm``-marked test runs the quick study on the real engine.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from skv.artifact.pipeline import STEPS, missing_engine
+from skv.experiments import engine
+from skv.experiments.fidelity import calibration
+from skv.experiments.fidelity import load as fl
+from skv.experiments.fidelity import load_workload as wl
+from skv.experiments.fidelity.sim_engine import SimulatedEngine, block_keys
+from skv.latency import CalibratedLatency
+
+CONFIG = Path(__file__).resolve().parents[1] / "experiments" / "fidelity" / "fidelity_load.yaml"
+
+#: the cost model the simulated engine runs (of the magnitude the tiny model measures)
+TRUTH = CalibratedLatency(
+    base_ms=3.0,
+    ms_per_uncached_token=0.07,
+    ms_per_cached_token=0.004,
+    ms_per_prefill_attention_kpair=0.05,
+    decode_ms_per_seq=0.1,
+    ms_per_decode_context_token=0.0005,
+)
+
+
+def small_cfg(**over):
+    """The quick config, smaller still: a few seconds of simulation."""
+    cfg = {**fl.DEFAULTS, **fl.load_config(CONFIG, quick=True)}
+    cfg.update(requests_per_stage=50, slo_requests=50, ramp_requests=30, warmup_requests=5)
+    cfg.update(over)
+    return cfg
+
+
+def simulated_factory(latency=TRUTH, **kw):
+    made = []
+
+    def factory(engine_args, work, startup_timeout):
+        eng = SimulatedEngine(engine_args, latency, **kw)
+        made.append(eng)
+        return eng
+
+    factory.made = made
+    return factory
+
+
+# ---------------------------------------------------------------------- workload
+
+
+def test_output_lengths_follow_the_pinned_quantiles_and_the_cap():
+    rng = np.random.default_rng(0)
+    xs = wl.output_lengths(rng, 20_000, wl.AZURE_CODE_OUTPUT_QUANTILES, 64)
+    assert min(xs) >= 6 and max(xs) == 64
+    assert np.median(xs) == pytest.approx(13, abs=1)  # the table's 50% point
+    assert np.mean(np.array(xs) == 64) == pytest.approx(
+        0.05 + 0.05 * (90 - 64) / (90 - 55),
+        abs=0.01,  # the top 5% and part of 90-95%
+    )
+    assert wl.output_lengths(np.random.default_rng(0), 5, [3, 3], 64) == [3] * 5
+    with pytest.raises(ValueError, match="non-decreasing"):
+        wl.output_lengths(rng, 3, [5, 4], 64)
+
+
+def test_arrivals_poisson_gamma_and_common_random_numbers():
+    p = wl.arrival_times("poisson", 10.0, 20_000, (1, 2))
+    assert p[0] == 0.0 and np.all(np.diff(p) >= 0)
+    gaps = np.diff(p)
+    assert gaps.mean() == pytest.approx(
+        0.1, rel=0.03
+    ) and gaps.std() / gaps.mean() == pytest.approx(1, rel=0.05)
+    g = np.diff(wl.arrival_times("gamma", 10.0, 20_000, (1, 2), cv=2.0))
+    assert g.mean() == pytest.approx(0.1, rel=0.05) and g.std() / g.mean() == pytest.approx(
+        2, rel=0.08
+    )
+    # the same seed at twice the rate: the same arrivals, compressed
+    assert np.allclose(
+        wl.arrival_times("poisson", 20.0, 50, (3,)),
+        np.array(wl.arrival_times("poisson", 10.0, 50, (3,))) / 2,
+    )
+    with pytest.raises(ValueError, match="poisson or gamma"):
+        wl.arrival_times("uniform", 1.0, 3, (0,))
+    with pytest.raises(ValueError, match="rate must be > 0"):
+        wl.arrival_times("poisson", 0.0, 3, (0,))
+
+
+def test_stage_trace_is_seeded_shares_prefixes_and_decodes_real_lengths():
+    cfg = small_cfg()
+    a, b = wl.stage_trace(cfg), wl.stage_trace(cfg)
+    assert a == b and len(a) == cfg["requests_per_stage"]
+    assert all(1 <= r.output_tokens <= cfg["max_output_tokens"] for r in a)
+    assert len({r.output_tokens for r in a}) > 5  # lengths vary
+    firsts = [r.hash_ids[0] for r in a]
+    assert len(set(firsts)) < len(firsts)  # documents are shared
+
+
+def test_profile_plan_warms_each_cached_prefix_and_keeps_batches_inside_the_cache():
+    cfg = small_cfg(profile_uncached=[16, 100, 600], profile_cached=[0, 64], profile_repeats=2)
+    plan = wl.profile_plan(cfg)
+    lone = [r for r in plan.lone if r["id"].startswith("lone")]
+    warm = {r["id"][4:]: r for r in plan.lone if r["id"].startswith("warm")}
+    assert len(lone) == 2 * 2 * 2  # 600 > max_num_batched_tokens is left out
+    for k, r in enumerate(plan.lone):
+        if r["id"].startswith("lone") and r["id"][4:] in warm:
+            w = warm[r["id"][4:]]
+            assert plan.lone[k - 1] is w  # the warm request goes right before
+            assert r["prompt_token_ids"][:64] == w["prompt_token_ids"][:64]
+            assert len(r["prompt_token_ids"]) - 64 in (16, 100)
+    room = cfg["num_gpu_blocks"] // 2
+    for (b, p), reqs in plan.batches.items():
+        assert len(reqs) == b and all(len(r["prompt_token_ids"]) == p for r in reqs)
+        assert b * -(-(p + cfg["profile_decode_tokens"]) // 32) <= room
+    assert {p for _, p in plan.batches} == set(cfg["profile_batch_prompt_tokens"])
+
+
+def test_block_keys_chain_prefixes():
+    a = block_keys(list(range(70)), 32)
+    b = block_keys([*list(range(64)), 9, 9], 32)
+    c = block_keys([1, *list(range(1, 70))], 32)
+    assert len(a) == 3 and a[:2] == b[:2] and a[2] != b[2]
+    assert c[0] != a[0] and c[1] != a[1]  # a different first block changes every later key
+
+
+# ---------------------------------------------------------------------- calibration
+
+
+def test_calibration_reads_lone_prefills_and_whole_batch_decode_steps():
+    lone = [
+        {"id": "lone0", "prompt_tokens": 100, "cached_tokens": 64, "queued": 1.0,
+         "first_token": 1.010, "ttft_vllm": 0.013},
+        {"id": "warm0", "prompt_tokens": 65, "cached_tokens": 0, "queued": 0.5,
+         "first_token": 0.6, "ttft_vllm": 0.2},
+        {"id": "lone1", "prompt_tokens": 50, "cached_tokens": 0, "queued": 2.0,
+         "first_token": 2.004, "ttft_vllm": 0.005},
+    ]  # fmt: skip
+    obs = calibration.lone_observations(lone)
+    assert [(o.prefill_tokens, o.prefill_context, round(o.ms, 6)) for o in obs] == [
+        (36, 64, 10.0),
+        (50, 0, 4.0),
+    ]
+    assert calibration.frontend_ms(lone) == pytest.approx((3.0 + 1.0) / 2)
+    reqs = [
+        {"id": "a", "prompt_tokens": 10, "token_times": [0.1, 0.2, 0.3]},
+        {"id": "b", "prompt_tokens": 20, "token_times": [0.1, 0.2, 0.3]},
+    ]
+    step = {"ctx_tokens": 0, "gen_requests": 2}
+    steps = [
+        {"t": 0.1, "ctx_tokens": 30, "gen_requests": 0},
+        {**step, "t": 0.2},
+        {**step, "t": 0.3},
+        {**step, "ctx_tokens": 5, "t": 0.35},
+    ]
+    got = calibration.batch_observations(reqs, steps, 2)
+    assert len(got) == 1  # only the step after a whole-batch decode step
+    assert got[0].ms == pytest.approx(100.0) and got[0].decode_seqs == 2
+    assert got[0].decode_context == 10 + 2 + 20 + 2  # two tokens each by the earlier record
+    assert calibration.batch_observations(reqs, steps, 3) == []
+
+
+def test_the_study_recovers_a_known_engine_model_from_its_profiling_run():
+    cfg = small_cfg()
+    factory = simulated_factory()
+    m = fl.measure_engine(cfg, Path("."), factory)
+    fit = m["calibration"]["fit"]
+    probe = fit.to_model()
+    # the fitted model prices the workload's steps as the engine does
+    from skv.latency.base import Iteration, PrefillChunk
+
+    for it in (
+        Iteration((PrefillChunk(300, 200),)),
+        Iteration((PrefillChunk(40, 400),), 8, 3000),
+        Iteration((), 16, 6000),
+        Iteration((), 1, 150),
+    ):
+        assert probe.iteration_ms(it) == pytest.approx(TRUTH.iteration_ms(it), rel=0.03)
+    assert m["calibration"]["frontend_ms"] == pytest.approx(2.0)
+    # the model is fitted on the stages before the first speed probe: warm-up and profiling
+    stages = factory.made[0].stages
+    first_probe = stages.index("probe:calibration")
+    assert all(s.startswith(("warmup", "profile")) for s in stages[:first_probe])
+    assert not any(s.startswith("profile") for s in stages[first_probe:])
+    # every evaluation stage and SLO probe is preceded by its speed probe
+    for i, s in enumerate(stages):
+        if ("#" in s or s.startswith("slo@")) and not s.startswith("probe:"):
+            assert stages[i - 1].startswith("probe:")
+    assert all(f == pytest.approx(1.0, abs=0.03) for f in m["speed"].values())
+
+
+def test_against_a_simulated_engine_the_study_finds_no_error():
+    cfg = small_cfg()
+    res = fl.run_fidelity_load(cfg, engine_factory=simulated_factory())
+    assert not res["skipped"]
+    assert len(res["stages"]) == len(cfg["load_fractions"]) + 1
+    cols = set(fl.ERROR_COLUMNS)
+    assert all(set(e) == cols for e in res["errors"])
+    assert len(res["errors"]) == len(res["stages"]) * 9
+    for e in res["errors"]:
+        assert e["engine_repeat_mape_pct"] == pytest.approx(0.0, abs=1e-9)  # deterministic
+        assert e["mape_pct"] < 3.0, e
+    for s in res["stages"]:
+        assert s["cached_equal_share"] == 1.0 and s["engine_hit_rate"] > 0.2
+    slo = res["slo"]
+    # both searches probe the same rates until their p90s fall on opposite sides of the SLO: a
+    # 1% difference in the fitted constants moves a p90 of 50 requests near saturation by up to
+    # 7%, and the two searches can then end one bracket apart
+    assert slo["engine_qps"] > 0 and abs(slo["error_pct"]) <= 15.0
+    assert slo["engine_points"][0]["rate"] == slo["simulated_points"][0]["rate"]
+    v = fl.claim_values(res)
+    assert (
+        v["fidelity_load_ttft_mean_excess_pts"] < -5
+        and v["fidelity_load_cached_equal_share_min"] == 1.0
+    )
+
+
+def test_a_wrong_engine_model_shows_up_as_error_in_the_direction_it_errs():
+    # the "engine" got slower after the profiling run: the frozen model underestimates
+    cfg = small_cfg(load_fractions=[0.4, 0.8], repeats=1)
+    factory = simulated_factory()
+    res = fl.run_fidelity_load(cfg, engine_factory=_slow_after_profiling(factory, 1.3))
+    ttft = [e for e in res["errors"] if e["metric"] == "ttft" and e["stat"] == "mean"]
+    assert all(e["mpe_pct"] < -15 for e in ttft), ttft
+    assert res["slo"]["simulated_qps"] > res["slo"]["engine_qps"]
+    # the speed probe before each stage sees the slowdown
+    assert all(s["speed_factor"] == pytest.approx(1.3, abs=0.05) for s in res["stages"])
+    assert res["speed"]["calibration"] == pytest.approx(1.3, abs=0.05)
+
+
+def _slow_after_profiling(factory, factor):
+    def make(engine_args, work, startup):
+        eng = factory(engine_args, work, startup)
+        run = eng.run_stage
+
+        def run_stage(name, requests, **kw):
+            if not name.startswith(("warmup", "profile")):
+                eng.latency = CalibratedLatency(
+                    **{k: v * factor for k, v in TRUTH.describe()["constants"].items()}
+                )
+            return run(name, requests, **kw)
+
+        eng.run_stage = run_stage
+        return eng
+
+    return make
+
+
+def test_stats_and_errors():
+    assert fl.stat([1.0, 2.0, None, 3.0], "mean") == 2.0
+    assert fl.stat(list(range(101)), "p90") == pytest.approx(90.0)
+    assert math.isnan(fl.stat([], "p99"))
+    assert fl.pct_error(110.0, 100.0) == pytest.approx(10.0)
+    assert math.isnan(fl.pct_error(1.0, 0.0))
+
+
+def test_engine_metrics_read_vllm_timings_and_the_client_view():
+    row = {"ttft_vllm": 0.05, "output_tokens": 3, "first_token": 1.04, "last_token": 1.10,
+           "token_times": [1.045, 1.07, 1.105], "arrival": 1.0, "scheduled": 0.99,
+           "sent": 0.995}  # fmt: skip
+    m = fl.engine_metrics(row)
+    assert m["ttft"] == pytest.approx(50.0) and m["tpot"] == pytest.approx(30.0)
+    assert m["e2e"] == pytest.approx(105.0) and m["client_ttft"] == pytest.approx(55.0)
+    assert m["late"] == pytest.approx(5.0)
+    assert fl.engine_metrics({**row, "error": "boom"})["ttft"] is None
+
+
+# ---------------------------------------------------------------------- config and step
+
+
+def test_config_pins_the_issue_stages_and_quick_is_smaller(tmp_path):
+    full, quick = fl.load_config(CONFIG), fl.load_config(CONFIG, quick=True)
+    assert len(full["load_fractions"]) >= 5
+    assert min(full["load_fractions"]) <= 0.2 and max(full["load_fractions"]) >= 1.2
+    assert full["burst_cv"] >= 2 and full["requests_per_stage"] >= 200 and full["repeats"] == 2
+    assert quick["requests_per_stage"] < full["requests_per_stage"]
+    assert full["model_shape"] == "small" and quick["model_shape"] == "tiny"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("fidelity_load:\n  requests_per_stage: 10\n  stages: 3\n")
+    with pytest.raises(Exception, match=r"bad.yaml: fidelity_load: unknown keys \['stages'\]"):
+        fl.load_config(bad)
+
+
+def test_step_registered_and_skips_without_engine(monkeypatch, tmp_path):
+    step = STEPS["fig_fidelity_load"]
+    assert step.needs_engine and step.config == "experiments/fidelity/fidelity_load.yaml"
+    assert "tables/fidelity_load_errors.csv" in step.outputs
+    monkeypatch.setenv("SKV_VLLM_VENV", str(tmp_path / "absent"))
+    assert "engine venv absent" in missing_engine(step)
+    r = fl.run_fidelity_load(fl.load_config(CONFIG, quick=True))
+    assert r["skipped"] and "engine venv absent" in r["reason"]
+
+
+@pytest.mark.vllm
+def test_quick_study_on_the_real_engine(tmp_path):
+    if engine.engine_missing():
+        pytest.skip(engine.engine_missing())
+    cfg = small_cfg(load_fractions=[0.3, 0.9], repeats=2, requests_per_stage=40, slo_requests=40)
+    res = fl.run_fidelity_load(cfg, work_dir=tmp_path)
+    assert not res["skipped"]
+    assert res["capacity"]["qps"] > 0
+    assert res["calibration"]["params"]["base_ms"] > 0
+    for s in res["stages"]:
+        assert s["requests"] == 40 and s["engine_steps"] > 0
+        assert s["cached_equal_share"] >= 0.9  # per request, engine vs simulator
+    assert all(
+        math.isfinite(e["engine"]) and math.isfinite(e["simulated"])
+        for e in res["errors"]
+        if e["metric"] != "tpot"
+    )
+    assert res["slo"]["engine_points"] and res["slo"]["simulated_points"]

@@ -6,9 +6,8 @@ vocabulary 512. Its outputs are noise, but every token costs the engine real pre
 work and every block goes through vLLM's prefix cache, which is what skv measures.
 
 ``--shape small`` builds a larger one (4 layers, hidden 512, 8 heads, 4 KV heads, intermediate
-1408; 12.3M parameters) for timing studies: on one core of the reference machine its decode step
-is ~85% model compute (~7 ms of model time against ~1.2 ms of vLLM's scheduling and output
-handling), where the tiny model's 2.3 ms step is about half overhead.
+1408; 12.3M parameters) for timing studies: its steps are mostly model compute, where the tiny
+model's decode steps are mostly vLLM's own scheduling and output handling.
 
 Runs inside the ENGINE venv (it needs torch, transformers and tokenizers, which the project venv
 lacks); ``skv vllm tiny-model DIR`` runs it there::

@@ -20,6 +20,8 @@ from skv.experiments.cacheroute.workloads import (
 from skv.experiments.config import ConfigError
 from skv.experiments.slo_search import max_qps
 from skv.experiments.sweep import default_jobs, run_sweep
+from skv.latency import make_latency_model
+from skv.model import Request, Segment, SemanticType
 
 CONFIGS = sorted(Path("experiments/cacheroute").glob("*.yaml"))
 
@@ -195,6 +197,83 @@ def test_routers_that_keep_prefixes_together_hit_more_than_cache_blind_ones():
     ]:
         m = simulate_point(reqs, SMALL, name, params, warmup_s=30.0, router_view=view)
         assert m["hit_rate"] > blind["hit_rate"] + 0.05, (name, m, blind)
+
+
+# A cluster whose QPS at the SLO is known by hand: one replica running one request at a time
+# (max_running 1), every iteration 100 ms whatever it holds (linear latency, no per-token
+# cost), identical one-output-token requests arriving evenly every 1 / rate seconds, no warm-up,
+# 100 measured requests. Below 10 req/s each request finds the replica idle (TTFT = C = 100 ms);
+# above it the replica is a D/D/1 queue: request k starts at k * C and its TTFT is
+# C + k * (C - 1 / rate), k = 0..99, an arithmetic sequence whose percentile q (numpy's linear
+# interpolation) is C + (q / 100) * 99 * (C - 1 / rate) and whose mean is its median. The SLO
+# on percentile q holds up to rate* = 1 / (C - (SLO - C) / (99 q / 100)).
+_C_MS = 100.0
+_N = 100
+_SLO_MS = 5000.0
+
+
+def _rate_at_slo(q: float) -> float:
+    """The rate at which the TTFT percentile ``q`` (50 = the mean here) reaches the SLO."""
+    return 1000.0 / (_C_MS - (_SLO_MS - _C_MS) / (q / 100 * (_N - 1)))
+
+
+def _even_requests(name, params, rate, seed):
+    assert params["num_requests"] == _N  # warm-up 0 s: only the measured requests
+    return [
+        Request(
+            f"{seed}:{i}",
+            i / rate,
+            [Segment(SemanticType.SYSTEM, 16)],
+            output_tokens=1,
+            hash_ids=[7],
+            hash_block_size=16,
+        )
+        for i in range(params["num_requests"])
+    ]
+
+
+def _analytic_config(**extra):
+    return S.CacheRouteConfig.model_validate({
+        "id": "analytic", "workloads": [{"name": "aggregate"}],
+        "cluster": {"replicas": 1, "capacity_blocks": 64, "max_running": 1,
+                    "max_batch_tokens": 16},
+        "routers": [{"name": "least_loaded"}], "seeds": [0], "slo_ms": _SLO_MS,
+        "warmup_s": 0, "measured_requests": _N,
+        "search": {"lo": 5.0, "hi": 40.0, "rel_tol": 0.01, "max_doublings": 3}, **extra,
+    })  # fmt: skip
+
+
+@pytest.mark.parametrize("q", [99.0, 90.0])
+def test_the_study_search_finds_the_hand_computed_rate_of_the_percentile_the_config_names(
+    monkeypatch, q
+):
+    """Through the study's entry point (run_qps -> max_qps -> simulate_point), on the cluster
+    above: the p99 SLO of 5 s holds up to 1 / (0.1 - 4.9 / 98.01) = 19.998 req/s, a p90 one
+    (``slo_percentile: 90``) up to 1 / (0.1 - 4.9 / 89.1) = 22.219 req/s; the mean (= p50) would
+    allow 990 req/s (the search would report above_hi at 320). The answer is the last rate that
+    met the SLO, within rel_tol (1%) below the crossing."""
+    monkeypatch.delenv("SKV_DASK", raising=False)
+    monkeypatch.setattr(S, "generate", _even_requests)
+    flat = make_latency_model("linear", base_ttft_ms=_C_MS, token_latency_ms=0.0,
+                              decode_ms_per_seq=0.0)  # fmt: skip
+    monkeypatch.setattr(ClusterSpec, "latency", lambda self: flat)
+    cfg = _analytic_config() if q == 99.0 else _analytic_config(slo_percentile=q)
+    assert cfg.slo_percentile == q
+    qps, points = S.run_qps(cfg, jobs=1)
+    row = qps.iloc[0]
+    star = _rate_at_slo(q)
+    assert _rate_at_slo(99.0) == pytest.approx(19.998, abs=1e-3)
+    assert _rate_at_slo(90.0) == pytest.approx(22.219, abs=1e-3)
+    assert _rate_at_slo(50.0) == pytest.approx(990.0, rel=1e-3)  # the mean's answer
+    assert star * (1 - 0.01) <= row["qps"] <= star
+    assert not row["below_lo"] and not row["above_hi"]
+    # at that rate the named percentile is the hand-computed one, and within the SLO
+    expected = _C_MS + q / 100 * (_N - 1) * (_C_MS - 1000.0 / row["qps"])
+    assert row["ttft_ms_slo"] == pytest.approx(expected, rel=1e-6) and expected <= _SLO_MS
+    assert row["ttft_ms_mean"] == pytest.approx(_C_MS + 49.5 * (_C_MS - 1000.0 / row["qps"]))
+    # every evaluated point met the SLO exactly when its rate was at most the crossing
+    for _, p in points.iterrows():
+        assert (p["ttft_ms_slo"] <= _SLO_MS) == (p["rate"] <= star), p.to_dict()
 
 
 # ------------------------------------------------------------------------------ config

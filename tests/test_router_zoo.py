@@ -160,6 +160,40 @@ def test_power_of_two_has_a_lower_max_load_than_random_on_seeded_streams():
         assert maxima["power_of_two"] <= 10 + 4
 
 
+def test_power_of_two_compares_current_load_before_the_requests_routed_so_far():
+    """Views whose load and routed count disagree (the more loaded replica was routed fewer
+    requests): the current load decides, for the drawn pair and for the failover rest.
+    Two replicas (both always drawn): load 1 / routed 9 beats load 4 / routed 0, either way
+    round. Four replicas, loads (0, 3, 1, 2) and routed (9, 0, 7, 1) (routed in exactly the
+    reverse order): the pair from ``random.Random(5).sample`` by load, then the others by
+    load."""
+    p2 = make_router("power_of_two", seed=3)
+    for _ in range(10):
+        assert p2.rank(RB, [FixedView(1, 9), FixedView(4, 0)]).order == [0, 1]
+        assert p2.rank(RB, [FixedView(4, 0), FixedView(1, 9)]).order == [1, 0]
+    loads, routed = (0, 3, 1, 2), (9, 0, 7, 1)
+    views = [FixedView(a, b) for a, b in zip(loads, routed, strict=True)]
+    p2, rng = make_router("power_of_two", seed=5), random.Random(5)
+    for _ in range(20):
+        pair = sorted(rng.sample(range(4), 2), key=loads.__getitem__)
+        rest = sorted(set(range(4)) - set(pair), key=loads.__getitem__)
+        assert p2.rank(RB, views).order == pair + rest
+
+
+def test_power_of_two_in_the_simulator_follows_live_load_not_requests_routed():
+    """Two replicas, linear latency. r0 (t=0, 2,000 output tokens: busy for ~40 s) goes to
+    replica 0 (a tie, by index); r1 (t=0.01, one output token) to the idle replica 1, done
+    within 30 ms. From then on replica 0 has load 1 and routed 1, replica 1 load 0 and routed
+    1, 2, 3: by load every later request goes to 1 (by routed count r3 would go to 0)."""
+    segs = [Segment(T.USER_QUERY, 32, content_hash("q"))]
+    reqs = [Request("r0", 0.0, segs, output_tokens=2000)]
+    reqs += [Request(f"r{i}", t, segs, output_tokens=1) for i, t in enumerate((0.01, 1, 2, 3), 1)]
+    cfg = SimConfig(capacity_blocks=64, block_size=16, replicas=2, router="power_of_two")
+    res = simulate(reqs, cfg, make_latency_model("linear"), progress=False)
+    assert [r["replica"] for r in res.requests] == [0, 1, 1, 1, 1]
+    assert res.requests[0]["e2e_ms"] > 3000  # r0 still running when r3 and r4 arrive
+
+
 # ------------------------------------------------------------------------------- consistent hashing
 
 
@@ -434,6 +468,36 @@ def test_cacheroute_needs_only_the_request_clock_and_replans_for_a_new_replica_c
     assert one.plan == two.plan and one.warm == two.warm != set()
     r = one.rank(_req("H", 10.5), _loads(0, 0))
     assert set(one.plan[prefix_key(_req("H"), 4)]) <= {0, 1} and sorted(r.order) == [0, 1]
+
+
+def _period(start: float, hot: int, once: int) -> list[tuple[str, float]]:
+    """One 10 s period from ``start``: ``hot`` requests of H (the first at ``start``) and
+    ``once`` one-off prefixes, each evenly spread."""
+    arrivals = [("H", start + i * 10.0 / hot) for i in range(hot)]
+    arrivals += [(f"once-{start:g}-{i}", start + 0.05 + i * 9.9 / once) for i in range(once)]
+    return sorted(arrivals, key=lambda x: x[1])
+
+
+def test_cacheroute_shrinks_a_cooling_hot_key_to_its_new_destination_count():
+    """ewma_alpha 1 (a rate is its last period's count / 10 s), 4 replicas, 40 requests per
+    period (total 4.0/s, share C = 1.0/s, budget 1.25/s); one-offs (0.1/s) stay cold.
+    Period 0: H 30 requests, 3.0/s: at t=10 d = ceil(3.0 / 1.0) = 3, placed on (0, 1, 2).
+    Period 1: H 15, 1.5/s: at t=20 d = 2; it keeps the first 2 of its old destinations (each
+    at 0.75 <= 1.25): (0, 1). Period 2: H 9, 0.9/s: at t=30 d = 1: (0,), planned load
+    [0.9, 0, 0, 0]. Its next request goes to 0 first even though 1, 2 and 3 are idle."""
+    cr = make_router("cacheroute", ewma_alpha=1.0)
+    idle = _loads(0, 0, 0, 0)
+    h = prefix_key(_req("H"), 4)
+    _stream(cr, idle, _period(0.0, 30, 10))
+    assert cr.plan == {}
+    _stream(cr, idle, _period(10.0, 15, 25))
+    assert math.isclose(cr.rates[h], 3.0) and cr.plan == {h: (0, 1, 2)}
+    _stream(cr, idle, _period(20.0, 9, 31))
+    assert cr.plan == {h: (0, 1)} and cr.planned == pytest.approx([0.75, 0.75, 0.0, 0.0])
+    r = cr.rank(_req("H", 30.0, tail="z"), _loads(5, 0, 0, 0))
+    assert math.isclose(cr.rates[h], 0.9) and math.isclose(cr.total_rate, 4.0)
+    assert cr.plan == {h: (0,)} and cr.planned == pytest.approx([0.9, 0.0, 0.0, 0.0])
+    assert r.order == [0, 1, 2, 3] and r.reason == "cacheroute: warm, 1 destinations"
 
 
 # ------------------------------------------------------------------------------- properties

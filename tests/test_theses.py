@@ -100,6 +100,39 @@ def test_thesis_values_name_every_comparator_and_the_best_by_each_metric():
     }
 
 
+def test_a_thesis_over_several_capacities_is_checked_at_the_tightest_one():
+    """Three capacities whose labels sort otherwise than their sizes ("10%" < "25%" < "5%" as
+    text; 20, 50 and 10 blocks): the thesis is at "5%", the fewest blocks. adaptive minus LRU
+    per capacity: 5% +3 points and -20% TTFT, 10% +1 point, 25% -2 points; adaptive minus lfu:
+    +1, +11, +8 points; lfu is the best other online policy by both metrics at 5% only (lru by
+    hit rate and fifo by TTFT at the others)."""
+    per_cap = {  # capacity -> (blocks, {policy: (hit, ttft)}), the same for both seeds
+        "10%": (20, {"adaptive_semantic": (0.41, 90.0), "lru": (0.40, 100.0),
+                     "lfu": (0.30, 100.0), "fifo": (0.35, 80.0)}),
+        "25%": (50, {"adaptive_semantic": (0.58, 90.0), "lru": (0.60, 100.0),
+                     "lfu": (0.50, 100.0), "fifo": (0.55, 80.0)}),
+        "5%": (10, {"adaptive_semantic": (0.23, 80.0), "lru": (0.20, 100.0),
+                    "lfu": (0.22, 90.0), "fifo": (0.10, 110.0)}),
+    }  # fmt: skip
+    runs, agg = [], []
+    for cap, (blocks, by_policy) in per_cap.items():
+        for pol, (hit, ttft) in by_policy.items():
+            agg.append({"capacity": cap, "capacity_blocks": blocks, "policy": pol,
+                        "offline": False})  # fmt: skip
+            for seed in (0, 1):
+                runs.append({"capacity": cap, "policy": pol, "seed": seed,
+                             "token_hit_rate": hit, "ttft_ms_mean": ttft})  # fmt: skip
+    d = {"experiment": "exp", "runs": runs, "aggregate": agg}
+    c = theses.compare(d)
+    assert c["capacity"] == "5%"
+    assert c["hit_pts"]["value"] == pytest.approx(3.0)
+    assert c["ttft_pct"]["value"] == pytest.approx(-20.0)
+    v = theses.thesis_values([d])
+    assert v["exp_adaptive_vs_lru_hit_pts"]["value"] == pytest.approx(3.0)
+    assert v["exp_adaptive_vs_lfu_hit_pts"]["value"] == pytest.approx(1.0)
+    assert v["exp_best_by_hit"] == "lfu" and v["exp_best_by_ttft"] == "lfu"
+
+
 def test_one_seed_gives_a_zero_width_interval_that_says_n_1():
     iv = interval([3.0])
     assert iv == {"value": 3.0, "ci95": [3.0, 3.0], "n": 1}

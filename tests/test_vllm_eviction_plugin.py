@@ -341,3 +341,95 @@ def test_server_passes_the_clock_and_refuses_an_unknown_one(fake_model):
     )
     with pytest.raises(ValueError, match="eviction_clock"):
         VllmServer(fake_model, python=sys.executable, eviction="lru", eviction_clock="x")
+
+
+# ------------------------------------------------------------------------------ the free queue
+
+
+class _FakeBlock:
+    """What the free queue reads of a vLLM ``KVCacheBlock``."""
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.ref_cnt = 0
+        self.is_null = block_id == 0
+        self.block_hash = None
+
+    def __repr__(self) -> str:
+        return f"B{self.block_id}"
+
+
+def _free_queue_class(monkeypatch):
+    """The plugin's ``PolicyFreeQueue``, built against stand-ins for the two vLLM classes it
+    subclasses (no vLLM, no engine): the pool class's constructor installs one."""
+    import types
+
+    class StockQueue:
+        def __init__(self, blocks):
+            self.blocks = list(blocks)
+
+        def get_all_free_blocks(self):
+            return list(self.blocks)
+
+    class StockPool:
+        def __init__(self, num_gpu_blocks):
+            self.num_gpu_blocks = num_gpu_blocks
+            self.hash_block_size = 4
+            self.blocks = [_FakeBlock(i) for i in range(num_gpu_blocks)]
+            self.free_block_queue = StockQueue(self.blocks[1:])
+
+    mods = {name: types.ModuleType(name) for name in
+            ("vllm", "vllm.v1", "vllm.v1.core", "vllm.v1.core.block_pool",
+             "vllm.v1.core.kv_cache_utils")}  # fmt: skip
+    mods["vllm.v1.core.block_pool"].BlockPool = StockPool
+    mods["vllm.v1.core.kv_cache_utils"].FreeKVCacheBlockQueue = StockQueue
+    for name, mod in mods.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    settings = {"policy": "lru", "params": {}, "log": None, "log_every": 16, "clock": "client"}
+    pool = ep.make_pool_class(settings)(4)
+    assert pool.free_block_queue.num_free_blocks == 3  # blocks 1..3 (0 is vLLM's null block)
+    return type(pool.free_block_queue)
+
+
+def test_the_plugin_free_queue_prepends_in_order_counts_removals_and_pops_unhashed_first(
+    monkeypatch,
+):
+    """Eight fake blocks; unhashed free blocks 1, 2; cached blocks 4 and 5 (an lru policy),
+    freed in that order, then appended (counted, not queued: the policy orders them).
+    ``prepend_n([3, 6])`` puts 3 then 6 in front: the unhashed part is 3, 6, 1, 2, and 6 free
+    blocks in all. A hit on free cached block 5 (touched, then ``remove``): 5 free, the
+    unhashed part unchanged. Then ``popleft`` gives 3, ``popleft_n(3)`` 6, 1, 2 and the next
+    ``popleft`` the policy's victim, 4 (5 is held): 0 free, and one more pop is refused."""
+    from helpers import rb
+
+    from skv.cache.free_order import FreeOrder
+    from skv.policies.registry import make_policy
+
+    queue_class = _free_queue_class(monkeypatch)
+    blocks = [_FakeBlock(i) for i in range(8)]
+    order = FreeOrder(make_policy("lru"))
+    req = rb([104, 105])
+    for i, bid in enumerate((4, 5)):
+        order.hashed(bid, 100 + bid, 4, 0, i, req, 1, 1.0)
+    order.freed(4, 2.0)
+    order.freed(5, 3.0)
+    q = queue_class([blocks[1], blocks[2]], blocks, order, lambda: 5.0)
+    assert q.num_free_blocks == 2
+    q.append_n([blocks[4], blocks[5]])
+    assert q.num_free_blocks == 4 and list(q.unhashed) == [blocks[1], blocks[2]]
+    q.prepend_n([blocks[3], blocks[6]])
+    assert list(q.unhashed) == [blocks[3], blocks[6], blocks[1], blocks[2]]
+    assert q.num_free_blocks == 6
+    assert q.get_all_free_blocks()[:4] == [blocks[3], blocks[6], blocks[1], blocks[2]]
+    order.touched(5, 4.0)
+    q.remove(blocks[5])
+    assert q.num_free_blocks == 5 and len(q.unhashed) == 4
+    assert q.popleft() is blocks[3]
+    assert q.popleft_n(3) == [blocks[6], blocks[1], blocks[2]]
+    assert q.num_free_blocks == 1
+    assert q.popleft() is blocks[4] and order.evictions == 1 and 4 not in order.blocks
+    assert q.num_free_blocks == 0
+    with pytest.raises(ValueError, match="No free blocks available"):
+        q.popleft()
+    with pytest.raises(ep.PluginError, match="cached block was prepended"):
+        q.prepend_n([blocks[5]])

@@ -164,7 +164,22 @@ def _paper_figures(docs: list[dict], curve) -> dict[str, object]:
         **_cacheroute_figures(),
         "eviction_figure": _vllm_eviction_figure(),
         "fidelity_load_figure": _fidelity_load_figure(),
+        "verdict_figure": _verdict_figure(),
     }
+
+
+def _verdict_figure():
+    """The eviction verdict's figure on its result against the simulated engine."""
+    from skv.experiments.fidelity import eviction_verdict as EV
+    from skv.experiments.fidelity.sim_engine import SimulatedEngine
+    from skv.latency import CalibratedLatency
+
+    truth = CalibratedLatency(base_ms=3.0, ms_per_uncached_token=0.07, decode_ms_per_seq=0.1)
+    cfg = {**EV.DEFAULTS, "requests_per_stage": 40, "profile_repeats": 1, "ramp_requests": 20}
+    res = EV.run_eviction_verdict(
+        cfg, engine_factory=lambda a, w, t, env=None: SimulatedEngine(a, truth, env=env)
+    )
+    return EV.verdict_figure(res)
 
 
 def _fidelity_load_figure():
@@ -408,6 +423,7 @@ def test_every_figure_function_is_covered_here():
         "quality_figure",
         "repurpose_vllm_figure",
         "fidelity_load_figure",
+        "verdict_figure",
     }
 
 

@@ -221,6 +221,17 @@ STEPS: dict[str, Step] = {
             needs_engine=True,
         ),
         Step(
+            "fig_fidelity_eviction",
+            "fidelity",
+            "experiments/fidelity/eviction_verdict.yaml",
+            (
+                *_fig("fig_fidelity_eviction"),
+                "tables/fidelity_eviction.csv",
+                "tables/fidelity_eviction.tex",
+            ),
+            needs_engine=True,
+        ),
+        Step(
             "fig_routing_vllm",
             "routing",
             "experiments/routing/routing_vllm.yaml",

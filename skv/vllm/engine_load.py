@@ -67,7 +67,8 @@ class EngineLoad:
     """One engine in :mod:`skv.vllm.loadgen`; use as a context manager (it stops the engine).
 
     ``engine_args`` are vLLM ``AsyncEngineArgs`` keywords (model, block_size,
-    num_gpu_blocks_override, max_num_seqs, max_num_batched_tokens, max_model_len, dtype...).
+    num_gpu_blocks_override, max_num_seqs, max_num_batched_tokens, max_model_len, dtype...);
+    ``env`` adds environment variables (skv's eviction plugin: :func:`eviction_env`).
     """
 
     def __init__(
@@ -79,12 +80,14 @@ class EngineLoad:
         cpus: list[int] | None = None,
         startup_timeout: float = 600.0,
         stage_margin_s: float = 600.0,
+        env: dict[str, str] | None = None,
     ) -> None:
         py = python or find_engine_python()
         if py is None:
             raise FileNotFoundError(f"no vLLM engine venv: {setup_hint()}")
         self.python = Path(py)
         self.engine_args = dict(engine_args)
+        self.extra_env = dict(env or {})
         self.frontend_cpus, self.engine_cpus = cpu_split(cpus)
         self.shared_cpu = bool(set(self.frontend_cpus) & set(self.engine_cpus))
         self.startup_timeout = startup_timeout
@@ -96,6 +99,8 @@ class EngineLoad:
         self.log_path = Path(log_path)
         self.proc: subprocess.Popen | None = None
         self._replies: queue.Queue = queue.Queue()
+        self._seq = 0
+        self._broken: str | None = None
         self.info: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ process
@@ -109,6 +114,9 @@ class EngineLoad:
         # vLLM logs every step at INFO once iteration details are on: the frontend would spend
         # its core writing them; warnings and errors still reach the log
         env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        for k in [k for k in env if k.startswith("SKV_EVICTION")]:
+            del env[k]  # stock vLLM unless this engine was asked for a policy
+        env.update(self.extra_env)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")  # noqa: SIM115  (closed in close())
         cmd = [str(self.python), loadgen.__file__, "--cpus", ",".join(map(str, self.frontend_cpus))]
@@ -138,21 +146,39 @@ class EngineLoad:
         self._replies.put(None)  # the process closed its reply stream
 
     def _call(self, cmd: dict[str, Any], timeout: float) -> dict[str, Any]:
-        if self.proc is None or self.proc.stdin is None:
-            raise EngineLoadError("the engine process is not running (call start())")
+        """Send one command and wait for its reply (matched by sequence number), checking once
+        a second that the process is alive. After a timeout or a lost process the engine is
+        unusable: a late reply would answer the wrong command."""
+        if self.proc is None or self.proc.stdin is None or self._broken:
+            raise EngineLoadError(f"the engine process is not usable{self._broken or ''}")
+        self._seq += 1
+        cmd = {**cmd, "seq": self._seq}
         try:
             self.proc.stdin.write((json.dumps(cmd) + "\n").encode())
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError) as exc:
+            self._broken = f" (process gone: {exc})"
             raise EngineLoadError(f"engine process gone ({exc}){self._tail()}") from None
-        try:
-            line = self._replies.get(timeout=timeout)
-        except queue.Empty:
-            msg = f"no answer to {cmd['cmd']!r} in {timeout:.0f} s{self._tail()}"
-            raise EngineLoadError(msg) from None
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._replies.get(timeout=1.0)
+                break
+            except queue.Empty:
+                if self.proc.poll() is not None:
+                    line = None
+                    break
+                if time.monotonic() > deadline:
+                    self._broken = f" (no answer to {cmd['cmd']!r} in {timeout:.0f} s)"
+                    msg = f"no answer to {cmd['cmd']!r} in {timeout:.0f} s{self._tail()}"
+                    raise EngineLoadError(msg) from None
         if line is None:
+            self._broken = " (process exited)"
             raise EngineLoadError(f"engine process exited during {cmd['cmd']!r}{self._tail()}")
         out = json.loads(line)
+        if out.get("seq") != self._seq:
+            self._broken = " (replies out of step)"
+            raise EngineLoadError(f"reply {out.get('seq')} to command {self._seq}{self._tail()}")
         if not out.get("ok"):
             raise EngineLoadError(f"{cmd['cmd']!r} failed: {out.get('error')}{self._tail()}")
         return out
@@ -205,10 +231,10 @@ class EngineLoad:
                     proc.wait(timeout=60)
             except (OSError, subprocess.TimeoutExpired):
                 pass
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, 9)
-                proc.wait()
+            # the whole group: the engine core may outlive the frontend (its leader)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, 9)
+            proc.wait()
         if getattr(self, "_log", None) is not None:
             self._log.close()
             self._log = None
@@ -217,8 +243,29 @@ class EngineLoad:
             self._tmp = None
 
     def __enter__(self) -> EngineLoad:
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            self.close()  # a failed start must not leave the engine running
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def eviction_env(policy: str | None, params: dict[str, Any] | None = None, *, log: Path) -> dict:
+    """The environment that makes the engine run skv's eviction plugin with ``policy`` (None:
+    stock vLLM), the policy's clock being each request's ``skv_time`` (what
+    :class:`skv.vllm.server.VllmServer` sets for ``--eviction``)."""
+    if policy is None:
+        return {}
+    from skv.vllm.server import checkout_root
+
+    return {
+        "SKV_EVICTION": policy,
+        "SKV_EVICTION_PARAMS": json.dumps(params or {}),
+        "SKV_EVICTION_LOG": str(log),
+        "SKV_EVICTION_CLOCK": "client",
+        "SKV_CHECKOUT": str(checkout_root()),
+    }

@@ -232,7 +232,7 @@ def prompts_and_arrivals(
             sent = Request(
                 r.request_id,
                 it.arrival_s,
-                _scale_segments(it, plan.config),
+                engine_segments(it, plan.config),
                 session_id=r.session_id,
                 turn=r.turn,
                 templated=r.templated,
@@ -257,7 +257,7 @@ async def replay_plan(
 # ---------------------------------------------------------------------- results
 
 
-def _scale_segments(item: ReplayItem, cfg: HashReplayConfig) -> list[Segment]:
+def engine_segments(item: ReplayItem, cfg: HashReplayConfig) -> list[Segment]:
     """The original segments' boundaries mapped into engine tokens (block-wise), clipped to the
     prompt actually sent; empty segments are dropped."""
     r = item.request
@@ -315,7 +315,7 @@ def results_to_trace(plan: HashReplayPlan, results: Sequence[Any]) -> list[Reque
             Request(
                 request_id=r.request_id,
                 arrival_s=it.arrival_s,
-                segments=_scale_segments(it, plan.config),
+                segments=engine_segments(it, plan.config),
                 output_tokens=(res.completion_tokens if ok and res.completion_tokens else 0)
                 or it.max_tokens,
                 session_id=r.session_id,

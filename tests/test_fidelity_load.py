@@ -397,7 +397,7 @@ def test_eviction_verdict_needs_the_same_sign_against_both_stock_engines():
             return {}
 
     cfg = {**ev.DEFAULTS, "requests_per_stage": 20, "repeats": 1, "policies": ["saecache"]}
-    plan = ev._plan(cfg)
+    plan = fl.plan_requests(cfg)
 
     def verdict(policy_ratio: float) -> dict:
         runs = {}

@@ -119,70 +119,33 @@ def run_eviction_verdict(
     return {"skipped": False, **compare(cfg, measured)}
 
 
-def _plan(cfg: dict[str, Any]) -> Any:
-    from skv.experiments.fidelity.load_workload import stage_trace
-    from skv.vllm.hashreplay import HashReplayConfig, plan_hash_replay
-
-    return plan_hash_replay(
-        stage_trace(cfg),
-        HashReplayConfig(
-            block_size=int(cfg["block_size"]),
-            max_model_len=int(cfg["max_model_len"]),
-            max_output_tokens=int(cfg["max_output_tokens"]),
-            seed=int(cfg["seed"]),
-        ),
-    )
-
-
 def measure(cfg: dict[str, Any], work: Path, factory: fl.EngineFactory) -> dict[str, Any]:
     """A calibration engine (stock: profile, calibrate, capacity), then one fresh engine per
     variant, each run the same way (warm-up, then the stages on the same arrivals): stock, each
     policy, and with ``control`` stock once more, last, whose difference from the first stock
     engine is the noise between two engines that differ in nothing."""
-    from skv.experiments.fidelity.calibration import calibrate
-    from skv.experiments.fidelity.load_workload import (
-        arrival_times,
-        engine_requests,
-        profile_plan,
-    )
+    from skv.experiments.fidelity.load_workload import arrival_times, engine_requests
     from skv.vllm.engine_load import eviction_env
 
     t0 = time.perf_counter()
-    plan = _plan(cfg)
+    plan = fl.plan_requests(cfg)
     n = len(plan.items)
-    args = {
-        "model": str(cfg["model_shape"]),
-        "block_size": int(cfg["block_size"]),
-        "num_gpu_blocks_override": int(cfg["num_gpu_blocks"]),
-        "max_num_seqs": int(cfg["max_num_seqs"]),
-        "max_num_batched_tokens": int(cfg["max_num_batched_tokens"]),
-        "max_model_len": int(cfg["max_model_len"]),
-        "dtype": "float32",
-        "enable_chunked_prefill": True,
-        "enable_prefix_caching": True,
-    }
+    args = fl.engine_args(cfg)
     out: dict[str, Any] = {"plan": plan, "runs": {}, "timings": {}}
-    warmup = engine_requests(plan, [0.02 * i for i in range(n)], "w:")[
-        : int(cfg["warmup_requests"])
-    ]
+    w = int(cfg["warmup_requests"])
+    warmup = engine_requests(plan, [0.02 * i for i in range(n)], "w:")[:w]
+
+    def runner(eng: Any) -> Any:
+        """``eng.run_stage`` that raises when a request failed (:func:`fl.checked`)."""
+        return lambda *a, **kw: fl.checked(eng.run_stage(*a, **kw))
+
     t = time.perf_counter()
     with factory(args, work, float(cfg["startup_timeout_s"]), {}) as eng:
         out["engine"] = {**eng.info, "engine_cpus": eng.engine_cpus}
-        eng.run_stage("warmup", warmup)
-        prof = profile_plan(cfg)
-        lone = eng.run_stage(
-            "profile_lone", prof.lone, sequential_gap_s=float(cfg["profile_gap_s"])
-        )
-        batches = {}
-        for (b, p), reqs in prof.batches.items():
-            res = eng.run_stage(f"profile_batch{b}x{p}", reqs)
-            batches[(b, p)] = (res.requests, res.steps)
-        fit, frontend, _ = calibrate(lone.requests, batches)
-        out["calibration"] = {"fit": fit, "frontend_ms": frontend}
-        k = min(int(cfg["ramp_requests"]), n)
-        ramp = eng.run_stage("ramp", engine_requests(plan, [0.0] * n, "ramp:")[:k])
-        span = max(r["token_times"][-1] for r in ramp.requests if r["token_times"])
-        out["capacity"] = {"qps": k / span, "requests": k, "makespan_s": span}
+        run = runner(eng)
+        run("warmup", warmup)
+        out["calibration"] = fl.calibrate_engine(run, cfg)
+        out["capacity"] = fl.measure_capacity(run, cfg, plan)
     out["timings"]["calibration_s"] = time.perf_counter() - t
     rate = float(cfg["load_fraction"]) * out["capacity"]["qps"]
     arrivals = arrival_times("poisson", rate, n, (int(cfg["seed"]), 0xE71C))
@@ -192,14 +155,11 @@ def measure(cfg: dict[str, Any], work: Path, factory: fl.EngineFactory) -> dict[
         policy = None if variant in (STOCK, CONTROL) else str(variant)
         env = eviction_env(policy, log=work / f"eviction-{variant}.jsonl")
         with factory(args, work, float(cfg["startup_timeout_s"]), env) as eng:
-            eng.run_stage("warmup", warmup)
+            run = runner(eng)
+            run("warmup", warmup)
             for rep in range(int(cfg["repeats"])):
                 prefix = f"{variant}#{rep}:"
-                res = eng.run_stage(
-                    f"{variant}#{rep}", engine_requests(plan, arrivals, prefix, typed=True)
-                )
-                if res.errors:
-                    raise RuntimeError(f"{variant}: {len(res.errors)} failed: {res.errors[0]}")
+                res = run(f"{variant}#{rep}", engine_requests(plan, arrivals, prefix, typed=True))
                 by = {str(r["id"])[len(prefix) :]: r for r in res.requests}
                 out["runs"][(variant, rep)] = [by[it.request.request_id] for it in plan.items]
         out["timings"][f"{variant}_s"] = time.perf_counter() - t

@@ -401,23 +401,13 @@ def run_fidelity_load(
     return {"skipped": False, **compare(cfg, measured)}
 
 
-def measure_engine(
-    cfg: dict[str, Any], work: Path, engine_factory: EngineFactory = real_engine
-) -> dict[str, Any]:
-    """Everything the engine is asked (profiling, capacity, stages, the SLO search); the
-    latency model is fitted and frozen right after the profiling run, before any stage."""
-    from skv.experiments.fidelity.calibration import calibrate, speed_factor
-    from skv.experiments.fidelity.load_workload import (
-        arrival_times,
-        engine_requests,
-        profile_plan,
-        speed_probe,
-        stage_trace,
-    )
+def plan_requests(cfg: dict[str, Any]) -> Any:
+    """The workload of ``cfg`` (:func:`~skv.experiments.fidelity.load_workload.stage_trace`)
+    planned for the engine: token ids per hash id, prompts cut to ``max_model_len``."""
+    from skv.experiments.fidelity.load_workload import stage_trace
     from skv.vllm.hashreplay import HashReplayConfig, plan_hash_replay
 
-    t_start = time.perf_counter()
-    plan = plan_hash_replay(
+    return plan_hash_replay(
         stage_trace(cfg),
         HashReplayConfig(
             block_size=int(cfg["block_size"]),
@@ -426,7 +416,12 @@ def measure_engine(
             seed=int(cfg["seed"]),
         ),
     )
-    engine_args = {
+
+
+def engine_args(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The engine's knobs from ``cfg``, each one the simulator mirrors (float32: the CPU
+    build's reference dtype; prefix caching and chunked prefill on, as in the simulator)."""
+    return {
         "model": str(cfg["model_shape"]),
         "block_size": int(cfg["block_size"]),
         "num_gpu_blocks_override": int(cfg["num_gpu_blocks"]),
@@ -437,13 +432,64 @@ def measure_engine(
         "enable_chunked_prefill": True,
         "enable_prefix_caching": True,
     }
+
+
+def calibrate_engine(run: Callable[..., Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """The profiling run (isolated prefills, decode batches) through ``run`` (a checked
+    ``run_stage``) and the iteration cost model fitted on its steps: ``fit``, ``frontend_ms``,
+    the fitted ``observations`` and how many ``profile_requests`` it took."""
+    from skv.experiments.fidelity.calibration import calibrate
+    from skv.experiments.fidelity.load_workload import profile_plan
+
+    prof = profile_plan(cfg)
+    lone = run("profile_lone", prof.lone, sequential_gap_s=float(cfg["profile_gap_s"]))
+    batches = {}
+    for (b, p), reqs in prof.batches.items():
+        res = run(f"profile_batch{b}x{p}", reqs)
+        batches[(b, p)] = (res.requests, res.steps)
+    fit, frontend, rows = calibrate(lone.requests, batches)
+    return {
+        "fit": fit,
+        "frontend_ms": frontend,
+        "observations": rows,
+        "profile_requests": len(prof.lone) + sum(len(v) for v in prof.batches.values()),
+    }
+
+
+def measure_capacity(run: Callable[..., Any], cfg: dict[str, Any], plan: Any) -> dict[str, Any]:
+    """Capacity by a short ramp: the plan's first ``ramp_requests`` all arriving at once,
+    completed requests per second of makespan."""
+    from skv.experiments.fidelity.load_workload import engine_requests
+
+    n = len(plan.items)
+    k = min(int(cfg["ramp_requests"]), n)
+    ramp = run("ramp", engine_requests(plan, [0.0] * n, "ramp:")[:k])
+    span = max(r["token_times"][-1] for r in ramp.requests if r["token_times"])
+    return {"qps": k / span, "requests": k, "makespan_s": span}
+
+
+def measure_engine(
+    cfg: dict[str, Any], work: Path, engine_factory: EngineFactory = real_engine
+) -> dict[str, Any]:
+    """Everything the engine is asked (profiling, capacity, stages, the SLO search); the
+    latency model is fitted and frozen right after the profiling run, before any stage."""
+    from skv.experiments.fidelity.calibration import speed_factor
+    from skv.experiments.fidelity.load_workload import (
+        arrival_times,
+        engine_requests,
+        speed_probe,
+    )
+
+    t_start = time.perf_counter()
+    plan = plan_requests(cfg)
+    args = engine_args(cfg)
     n = len(plan.items)
     timings: dict[str, float] = {}
-    out: dict[str, Any] = {"plan": plan, "engine_args": engine_args}
-    with engine_factory(engine_args, work, float(cfg["startup_timeout_s"])) as eng:
+    out: dict[str, Any] = {"plan": plan, "engine_args": args}
+    with engine_factory(args, work, float(cfg["startup_timeout_s"])) as eng:
 
-        def run(*args: Any, **kw: Any) -> Any:
-            return checked(eng.run_stage(*args, **kw))
+        def run(*a: Any, **kw: Any) -> Any:
+            return checked(eng.run_stage(*a, **kw))
 
         out["engine"] = {
             **eng.info,
@@ -456,14 +502,8 @@ def measure_engine(
         w = int(cfg["warmup_requests"])
         warm = engine_requests(plan, [0.02 * i for i in range(n)], "warm:")[:w]
         run("warmup", warm)
-        prof = profile_plan(cfg)
-        lone = run("profile_lone", prof.lone, sequential_gap_s=float(cfg["profile_gap_s"]))
-        batches = {}
-        for (b, p), reqs in prof.batches.items():
-            res = run(f"profile_batch{b}x{p}", reqs)
-            batches[(b, p)] = (res.requests, res.steps)
-        fit, frontend, rows = calibrate(lone.requests, batches)
-        frozen = fit.to_model()  # nothing below changes it
+        out["calibration"] = calibrate_engine(run, cfg)
+        frozen = out["calibration"]["fit"].to_model()  # nothing below changes it
         probe_reqs = speed_probe(cfg)
         speed: dict[str, float] = {}
 
@@ -475,21 +515,13 @@ def measure_engine(
         gap = float(cfg["profile_gap_s"])
         probe("calibration")
         out["speed"] = speed
-        out["calibration"] = {
-            "fit": fit,
-            "frontend_ms": frontend,
-            "observations": rows,
-            "profile_requests": len(prof.lone) + sum(len(v) for v in prof.batches.values()),
-        }
         timings["profile_s"] = time.perf_counter() - t
         t = time.perf_counter()
-        k = min(int(cfg["ramp_requests"]), n)
-        ramp = run("ramp", engine_requests(plan, [0.0] * n, "ramp:")[:k])
-        span = max(r["token_times"][-1] for r in ramp.requests if r["token_times"])
-        capacity = k / span
-        out["capacity"] = {"qps": capacity, "requests": k, "makespan_s": span}
+        out["capacity"] = measure_capacity(run, cfg, plan)
+        capacity = out["capacity"]["qps"]
         timings["ramp_s"] = time.perf_counter() - t
-        log.info("engine capacity %.2f req/s (%d requests in %.1f s)", capacity, k, span)
+        log.info("engine capacity %.2f req/s (%d requests in %.1f s)", capacity,
+                 out["capacity"]["requests"], out["capacity"]["makespan_s"])  # fmt: skip
         t = time.perf_counter()
         specs = _stage_specs(cfg, capacity)
         runs: dict[tuple[str, int], list[dict[str, Any]]] = {}

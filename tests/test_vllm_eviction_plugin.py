@@ -359,9 +359,9 @@ class _FakeBlock:
         return f"B{self.block_id}"
 
 
-def _free_queue_class(monkeypatch):
-    """The plugin's ``PolicyFreeQueue``, built against stand-ins for the two vLLM classes it
-    subclasses (no vLLM, no engine): the pool class's constructor installs one."""
+def _fake_pool(monkeypatch):
+    """The plugin's block pool (and its ``PolicyFreeQueue``), built against stand-ins for the
+    two vLLM classes they subclass (no vLLM, no engine)."""
     import types
 
     class StockQueue:
@@ -378,6 +378,9 @@ def _free_queue_class(monkeypatch):
             self.blocks = [_FakeBlock(i) for i in range(num_gpu_blocks)]
             self.free_block_queue = StockQueue(self.blocks[1:])
 
+        def reset_prefix_cache(self):
+            return True
+
     mods = {name: types.ModuleType(name) for name in
             ("vllm", "vllm.v1", "vllm.v1.core", "vllm.v1.core.block_pool",
              "vllm.v1.core.kv_cache_utils")}  # fmt: skip
@@ -388,7 +391,11 @@ def _free_queue_class(monkeypatch):
     settings = {"policy": "lru", "params": {}, "log": None, "log_every": 16, "clock": "client"}
     pool = ep.make_pool_class(settings)(4)
     assert pool.free_block_queue.num_free_blocks == 3  # blocks 1..3 (0 is vLLM's null block)
-    return type(pool.free_block_queue)
+    return pool
+
+
+def _free_queue_class(monkeypatch):
+    return type(_fake_pool(monkeypatch).free_block_queue)
 
 
 def test_the_plugin_free_queue_prepends_in_order_counts_removals_and_pops_unhashed_first(
@@ -433,3 +440,26 @@ def test_the_plugin_free_queue_prepends_in_order_counts_removals_and_pops_unhash
         q.popleft()
     with pytest.raises(ep.PluginError, match="cached block was prepended"):
         q.prepend_n([blocks[5]])
+
+
+def test_a_reset_cache_starts_the_client_clock_and_the_request_count_again(monkeypatch):
+    """Two passes of the same arrivals with a cache reset between them (what a load study
+    does): the second pass's skv_time restarts at 0, and the policy's clock must follow it,
+    not stay at the first pass's last arrival (every age would be wrong for the whole pass)."""
+    import types
+
+    pool = _fake_pool(monkeypatch)
+
+    def request(rid: str, t: float):
+        sp = types.SimpleNamespace(extra_args={"skv_time": t})
+        return types.SimpleNamespace(request_id=rid, num_prompt_tokens=8, block_hashes=[],
+                                     sampling_params=sp)  # fmt: skip
+
+    for i, t in enumerate((0.0, 5.0, 28.0)):
+        pool.begin(request(f"a{i}", t))
+    assert pool.now() == 28.0 and pool._index == 3
+    assert pool.reset_prefix_cache()
+    assert pool.now() == 0.0 and pool._index == 0
+    pool.begin(request("b0", 1.5))
+    assert pool.now() == 1.5
+    assert pool._views["b0"].arrival_s == 1.5

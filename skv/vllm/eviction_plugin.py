@@ -515,6 +515,10 @@ def make_pool_class(settings: dict[str, Any]) -> type:
                 q.order = self.skv_order
                 q.unhashed = deque(b for b in self.blocks if not b.is_null and b.ref_cnt == 0)
                 self._views.clear()
+                # and a new run: the client clock and the request count start again (a run's
+                # skv_time restarts at 0; the old maximum would freeze the policy's clock)
+                self._logical = 0.0
+                self._index = 0
                 self._logged_at = 0
                 self._log({"event": "reset"})
             return ok

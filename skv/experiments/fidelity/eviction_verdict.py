@@ -377,7 +377,8 @@ def table_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
 def claim_values(result: dict[str, Any]) -> dict[str, float]:
     """Per policy: the engine's TTFT ratio to stock (its mean over the stock engines' mean) and
     the simulator's, the hit-rate gains, and 1/0 for whether each sign agrees (0 also when the
-    engine's comparisons disagree with each other); over policies, how many agree, and the
+    engine's comparisons disagree with each other); over policies, how many agree (and how many
+    agree on the direction the claims state: lower TTFT, more hits), and the
     largest engine-minus-simulator differences; the control engine's largest difference from
     stock."""
     out: dict[str, float] = {}
@@ -394,6 +395,20 @@ def claim_values(result: dict[str, Any]) -> dict[str, float]:
     )
     out["eviction_verdict_ttft_signs_agreeing"] = float(
         sum(v["ttft_sign_agrees"] for v in result["verdicts"])
+    )
+    # the direction the claims state: faster and more hits, on the engine and in the simulator
+    cfg = result["config"]
+    out["eviction_verdict_ttft_lower_agreeing"] = float(
+        sum(
+            v["ttft_sign_agrees"] and v["simulated_ttft_ratio"] < 1 - float(cfg["ttft_ratio_eps"])
+            for v in result["verdicts"]
+        )
+    )
+    out["eviction_verdict_hit_higher_agreeing"] = float(
+        sum(
+            v["hit_sign_agrees"] and v["simulated_hit_gain_pts"] > float(cfg["hit_gain_eps_pts"])
+            for v in result["verdicts"]
+        )
     )
     # engine minus simulator: > 0 where the simulator overstates a policy's TTFT gain
     gaps = [v["engine_ttft_ratio_mean"] - v["simulated_ttft_ratio"] for v in result["verdicts"]]

@@ -396,45 +396,54 @@ def test_eviction_verdict_needs_the_same_sign_against_both_stock_engines():
         def report(self):
             return {}
 
-    cfg = {**ev.DEFAULTS, "requests_per_stage": 20, "repeats": 1, "policies": ["saecache"]}
+    cfg = {**ev.DEFAULTS, "requests_per_stage": 20, "policies": ["saecache"]}
     plan = fl.plan_requests(cfg)
 
-    def verdict(policy_ratio: float) -> dict:
+    def verdict(policy=(0.96,), stock=(1.0,), control=(0.94,)) -> dict:
+        """Every request of a pass takes the pass's TTFT (x 100 ms), variant by variant."""
         runs = {}
-        for v, ratio in (("stock", 1.0), ("saecache", policy_ratio), ("stock_control", 0.94)):
-            runs[(v, 0)] = [
-                {
-                    "arrival": 10.0 * i,
-                    "sent": 10.0 * i,
-                    "scheduled": 10.0 * i,
-                    "ttft_vllm": 0.1 * ratio,
-                    "output_tokens": 1,
-                    "token_times": [10.0 * i + 0.1],
-                    "cached_tokens": 0,
-                    "preemptions": 1,
-                }
-                for i in range(len(plan.items))
-            ]
+        for v, ratios in (("stock", stock), ("saecache", policy), ("stock_control", control)):
+            for rep, ratio in enumerate(ratios):
+                runs[(v, rep)] = [
+                    {
+                        "arrival": 10.0 * i,
+                        "sent": 10.0 * i,
+                        "scheduled": 10.0 * i,
+                        "ttft_vllm": 0.1 * ratio,
+                        "output_tokens": 1,
+                        "token_times": [10.0 * i + 0.1],
+                        "cached_tokens": 0,
+                        "preemptions": 1,
+                    }
+                    for i in range(len(plan.items))
+                ]
         m = {"plan": plan, "runs": runs, "calibration": {"fit": Fit(), "frontend_ms": 0.0},
              "engine": {}, "capacity": {}, "rate": 1.0, "timings": {}}  # fmt: skip
-        return ev.compare(cfg, m)
+        return ev.compare({**cfg, "repeats": len(stock)}, m)
 
-    res = verdict(0.96)
+    res = verdict((0.96,))
     v = res["verdicts"][0]
     assert v["engine_ttft_ratio"] == pytest.approx([0.96, 0.96 / 0.94])
     assert v["engine_ttft_ratio_mean"] == pytest.approx(0.96 / 0.97)
     assert not v["engine_ttft_sign_resolved"] and not v["ttft_sign_agrees"]
-    res = verdict(0.88)
+    res = verdict((0.88,))
     v = res["verdicts"][0]
     assert v["engine_ttft_sign_resolved"]
-    # the simulator sees no TTFT difference here (same arrivals, no hits): sign 0 vs -1
+    # the simulator sees no TTFT difference here (same arrivals, nothing evicted): 0 vs -1
     assert v["simulated_ttft_ratio"] == pytest.approx(1.0) and not v["ttft_sign_agrees"]
     vals = ev.claim_values(res)
+    # a resolved engine effect the simulator does not have is a contradiction; unresolved is not
+    assert vals["eviction_verdict_ttft_signs_contradicting"] == 1
+    assert ev.claim_values(verdict((0.96,)))["eviction_verdict_ttft_signs_contradicting"] == 0
     assert vals["eviction_verdict_control_ttft_ratio_dev"] == pytest.approx(0.06)
     assert vals["eviction_verdict_engine_preemptions"] == 3 * len(plan.items)
     rows = ev.table_rows(res)
     assert rows[-1]["variant"] == "stock_control"
     assert rows[-1]["engine_ttft_ratio"] == pytest.approx(0.94)
+    # passes are paired: a second pass twice as slow for every variant changes no ratio
+    v = verdict((0.9, 1.8), (1.0, 2.0), (1.0, 2.0))["verdicts"][0]
+    assert v["engine_ttft_ratio"] == pytest.approx([0.9] * 4)
+    assert v["engine_ttft_ratio_mean"] == pytest.approx(0.9)
 
 
 def test_eviction_verdict_reports_an_unresolved_engine_effect():

@@ -8,17 +8,19 @@ shared system prompts and tool schemas, one-off tool outputs; decode lengths as
 :mod:`skv.experiments.fidelity.load_workload` draws them) at ``load_fraction`` of the stock
 engine's measured capacity, with a cache small enough to evict, served by
 
-1. stock vLLM (its own LRU free queue), whose profiling run also calibrates the latency model
-   (:mod:`skv.experiments.fidelity.calibration`, frozen before any stage);
-2. one fresh engine per policy in ``policies``, skv's eviction plugin choosing which free cached
-   block vLLM reuses (each request carries its types in ``extra_args``, the policy's clock is
-   its arrival time);
+1. a calibration engine (stock vLLM) whose profiling run calibrates the latency model
+   (:mod:`skv.experiments.fidelity.calibration`, frozen before any stage) and whose ramp
+   measures capacity;
+2. then fresh engines, each warmed up and run the same way: stock vLLM (its own LRU free
+   queue), one per policy in ``policies`` (skv's eviction plugin choosing which free cached
+   block vLLM reuses; each request carries its types in ``extra_args``, the policy's clock is
+   its arrival time), and with ``control`` stock vLLM again, last;
 
 every variant on the SAME arrivals, ``repeats`` times; and the same arrivals (vLLM's recorded
 ones) through the simulator with the same policy ordering its vLLM pool. Per policy: the TTFT
-ratio to stock and the token hit-rate gain over stock, on the engine (each pass) and in the
-simulator, and whether the signs agree. An engine effect whose passes disagree in sign is
-reported as unresolved, not as agreement or disagreement.
+ratio to stock and the token hit-rate gain over stock, on the engine (each pass against each
+stock engine) and in the simulator, and whether the signs agree. An engine effect whose
+comparisons disagree in sign is reported as unresolved, not as agreement or disagreement.
 
 :func:`run_eviction_verdict` returns ``{"skipped": True, "reason"}`` without the engine venv.
 """
@@ -348,8 +350,9 @@ def verdict_figure(result: dict[str, Any]) -> Figure:
 
 def table_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per variant: engine (mean of passes) and simulated TTFT, hit rate and the
-    engine's preemptions; for a policy, its ratio and gain against the stock engines' mean on
-    both sides and whether the signs agree (the control: its ratio to the first stock engine)."""
+    engine's preemptions; for a policy, its TTFT ratio (engine: to the stock engines' mean;
+    simulator: to simulated stock) and whether the signs agree (the control: its ratio to the
+    first stock engine)."""
     by = {v["policy"]: v for v in result["verdicts"]}
     floor = result.get("noise_floor") or {}
     rows = []
@@ -396,6 +399,14 @@ def claim_values(result: dict[str, Any]) -> dict[str, float]:
     out["eviction_verdict_ttft_signs_agreeing"] = float(
         sum(v["ttft_sign_agrees"] for v in result["verdicts"])
     )
+    # an engine effect that is resolved (every comparison has one sign) and not the simulator's
+    for what in ("ttft", "hit"):
+        out[f"eviction_verdict_{what}_signs_contradicting"] = float(
+            sum(
+                v[f"engine_{what}_sign_resolved"] and not v[f"{what}_sign_agrees"]
+                for v in result["verdicts"]
+            )
+        )
     # the direction the claims state: faster and more hits, on the engine and in the simulator
     cfg = result["config"]
     out["eviction_verdict_ttft_lower_agreeing"] = float(
@@ -414,6 +425,7 @@ def claim_values(result: dict[str, Any]) -> dict[str, float]:
     gaps = [v["engine_ttft_ratio_mean"] - v["simulated_ttft_ratio"] for v in result["verdicts"]]
     out["eviction_verdict_ttft_ratio_gap_max"] = max(gaps)
     out["eviction_verdict_ttft_ratio_gap_min"] = min(gaps)
+    out["eviction_verdict_ttft_ratio_gap_abs_max"] = max(abs(g) for g in gaps)
     out["eviction_verdict_hit_gain_gap_max_pts"] = max(
         abs(v["engine_hit_gain_pts_mean"] - v["simulated_hit_gain_pts"]) for v in result["verdicts"]
     )

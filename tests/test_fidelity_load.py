@@ -486,6 +486,13 @@ def test_step_registered_and_skips_without_engine(monkeypatch, tmp_path):
     assert "engine venv absent" in missing_engine(step)
     r = fl.run_fidelity_load(fl.load_config(CONFIG, quick=True))
     assert r["skipped"] and "engine venv absent" in r["reason"]
+    from skv.experiments.fidelity import eviction_verdict as ev
+
+    step = STEPS["fig_fidelity_eviction"]
+    assert step.needs_engine and step.config == "experiments/fidelity/eviction_verdict.yaml"
+    assert "engine venv absent" in missing_engine(step)
+    r = ev.run_eviction_verdict(ev.load_config(step.config, quick=True))
+    assert r["skipped"] and "engine venv absent" in r["reason"]
 
 
 @pytest.mark.vllm

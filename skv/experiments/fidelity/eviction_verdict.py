@@ -28,14 +28,13 @@ comparisons disagree in sign is reported as unresolved, not as agreement or disa
 from __future__ import annotations
 
 import logging
-import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from skv.experiments.engine import engine_missing, load_section
+from skv.experiments.engine import load_section
 from skv.experiments.fidelity import load as fl
 
 if TYPE_CHECKING:
@@ -106,19 +105,9 @@ def run_eviction_verdict(
     """The whole comparison (see the module doc)."""
     cfg = config if isinstance(config, dict) else load_config(config)
     cfg = {**DEFAULTS, **cfg}
-    why = engine_missing() if engine_factory is None else None
-    if why:
-        return {"skipped": True, "reason": why, "config": cfg}
-    with tempfile.TemporaryDirectory(prefix="skv-eviction-verdict-") as tmp:
-        work = Path(work_dir or tmp)
-        work.mkdir(parents=True, exist_ok=True)
-        measured = measure(cfg, work, engine_factory or fl.real_engine)
-        if work_dir is not None:  # what the engines measured survives a failure below
-            import pickle
-
-            with open(work / "measured.pkl", "wb") as f:
-                pickle.dump(measured, f)
-    return {"skipped": False, **compare(cfg, measured)}
+    return fl.measure_then_compare(
+        cfg, measure, compare, work_dir=work_dir, engine_factory=engine_factory
+    )
 
 
 def measure(cfg: dict[str, Any], work: Path, factory: fl.EngineFactory) -> dict[str, Any]:

@@ -386,14 +386,31 @@ def run_fidelity_load(
     (unless ``engine_factory`` supplies one)."""
     cfg = config if isinstance(config, dict) else load_config(config)
     cfg = {**DEFAULTS, **cfg}
+    return measure_then_compare(
+        cfg, measure_engine, compare, work_dir=work_dir, engine_factory=engine_factory
+    )
+
+
+def measure_then_compare(
+    cfg: dict[str, Any],
+    measure: Callable[[dict[str, Any], Path, EngineFactory], dict[str, Any]],
+    compare: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]],
+    *,
+    work_dir: str | Path | None,
+    engine_factory: EngineFactory | None,
+) -> dict[str, Any]:
+    """``measure`` the engine (in ``work_dir``, else a temporary directory; there it also keeps
+    ``measured.pkl``, so the engine's numbers survive a failure in ``compare``), then
+    ``compare``. ``{"skipped": True, "reason"}`` without the engine venv, unless
+    ``engine_factory`` supplies an engine."""
     why = engine_missing() if engine_factory is None else None
     if why:
         return {"skipped": True, "reason": why, "config": cfg}
-    with tempfile.TemporaryDirectory(prefix="skv-fidelity-load-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="skv-fidelity-") as tmp:
         work = Path(work_dir or tmp)
         work.mkdir(parents=True, exist_ok=True)
-        measured = measure_engine(cfg, work, engine_factory or real_engine)
-        if work_dir is not None:  # what the engine measured survives a failure below
+        measured = measure(cfg, work, engine_factory or real_engine)
+        if work_dir is not None:
             import pickle
 
             with open(work / "measured.pkl", "wb") as f:

@@ -11,7 +11,8 @@ and a short sampled request loses a larger share), and a learning policy sees ~R
 it learns from, at the same pace in time.
 
 Hit rates are SIMULATED (cache-only replay). Speed is not measured here: timings are not
-byte-identical from run to run, so they belong to ``benchmarks/mrc_speed.py`` (README).
+byte-identical from run to run, so they belong to ``benchmarks/mrc_speed.py``
+(benchmarks/README.md).
 
 One sweep task per (trace, policy) on :func:`skv.experiments.sweep.run_sweep`: the task loads
 and compiles its trace, replays it in full at every capacity, then samples it at every rate and

@@ -23,17 +23,32 @@ layer  name         modules
 On top of the direction rule: no import cycle between modules (a strongly connected component
 of more than one module) and none between packages (``skv.cache``, ``skv.policies``, ... and each
 top-level module and each package's ``cli`` module as one node), so e.g. the caches cannot import
-the policy registry that builds them. Imports are module-level and function-level ones
-(``TYPE_CHECKING`` included: a type is a dependency too), relative ones resolved, plus
-``"skv.module:Name"`` strings, which registries import by name (``importlib``). ``ALLOWED``
-lists the known exceptions with the reason each.
+the policy registry that builds them. A failure lists each cycle's modules and the ``file:line``
+of every import that makes it. ``ALLOWED`` lists the known exceptions with the reason each.
+
+What counts as an import (:func:`import_edges`):
+
+- every ``import`` statement anywhere in a module: module level, inside functions and methods
+  (a lazy import still runs, just later), and under ``if TYPE_CHECKING:`` too (such a block
+  never runs, but a type is a dependency all the same, so it is not exempt);
+- ``"skv.module:Name"`` strings, which registries import by name (``importlib``);
+- ``import a.b.c`` is an edge to ``a.b.c``; relative imports are resolved first;
+- ``from X import Y`` is an edge to ``X`` and, when ``X.Y`` is a module, to ``X.Y`` as well:
+  the statement runs ``X`` and reads ``Y`` from its namespace, so a module inside package ``P``
+  that writes ``from P import sub`` depends on ``P/__init__.py`` (the package facade), and
+  ``P/__init__.py`` re-exporting that module closes a cycle. Inside a package, name the
+  submodule itself: ``from P.sub import name`` or ``import P.sub as sub``;
+- the implicit import of a parent package is not an edge: Python imports ``skv.vllm`` before
+  ``skv.vllm.server`` whenever anything imports the latter, for every submodule alike, so that
+  edge would make every package whose ``__init__`` imports its own submodules a cycle. Only a
+  module that names its parent (``from skv.vllm import ...``, ``import skv.vllm``) depends on it.
 """
 
 from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import pytest
@@ -100,14 +115,16 @@ def _owner(name: str, modules: Iterable[str]) -> str | None:
     return name or None
 
 
-def import_graph(root: Path) -> dict[str, set[str]]:
-    """Module -> the skv modules it imports anywhere in its body (itself left out)."""
+def import_edges(root: Path) -> dict[tuple[str, str], list[str]]:
+    """(importer, imported) -> the ``file:line`` of each import that makes the edge, for every
+    skv module under ``root`` (self-imports left out; the rules are in the module docstring)."""
     files = module_files(root)
-    graph: dict[str, set[str]] = {}
+    edges: dict[tuple[str, str], list[str]] = {}
     for mod, path in files.items():
         package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
-        targets: set[str | None] = set()
+        where = path.relative_to(root).as_posix()
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets: set[str | None] = set()
             if isinstance(node, ast.Import):
                 targets.update(_owner(a.name, files) for a in node.names)
             elif isinstance(node, ast.ImportFrom):
@@ -116,14 +133,26 @@ def import_graph(root: Path) -> dict[str, set[str]]:
                     source = ".".join(base + ([node.module] if node.module else []))
                 else:
                     source = node.module or ""
-                for a in node.names:  # ``from pkg import submodule`` imports the submodule
+                targets.add(_owner(source, files))  # ``from X import Y`` runs and reads X
+                for a in node.names:  # ``from pkg import submodule`` imports the submodule too
                     full = f"{source}.{a.name}"
-                    targets.add(full if full in files else _owner(source, files))
+                    if full in files:
+                        targets.add(full)
             elif isinstance(node, ast.Constant) and isinstance(node.value, str):
                 m = _BY_NAME.fullmatch(node.value)
                 if m:
                     targets.add(_owner(m.group(1), files))
-        graph[mod] = {t for t in targets if t and t.startswith("skv") and t != mod}
+            for t in targets:
+                if t and (t == "skv" or t.startswith("skv.")) and t != mod:
+                    edges.setdefault((mod, t), []).append(f"{where}:{node.lineno}")
+    return edges
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the skv modules it imports anywhere in its body (itself left out)."""
+    graph: dict[str, set[str]] = {m: set() for m in module_files(root)}
+    for m, t in import_edges(root):
+        graph[m].add(t)
     return graph
 
 
@@ -187,8 +216,30 @@ def _checked(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 
 
 @pytest.fixture(scope="module")
+def edges() -> dict[tuple[str, str], list[str]]:
+    return import_edges(ROOT)
+
+
+@pytest.fixture(scope="module")
 def graph() -> dict[str, set[str]]:
     return import_graph(ROOT)
+
+
+def explain_cycles(
+    found: list[list[str]],
+    edges: Mapping[tuple[str, str], list[str]],
+    node_of: Callable[[str], str] = lambda m: m,
+) -> str:
+    """Each cycle's nodes, then every import edge inside it with its ``file:line``s."""
+    lines = []
+    for comp in found:
+        lines.append("cycle: " + " <-> ".join(comp))
+        members = set(comp)
+        for (m, t), where in sorted(edges.items()):
+            a, b = node_of(m), node_of(t)
+            if a != b and a in members and b in members and (m, t) not in ALLOWED:
+                lines.append(f"  {m} -> {t}  ({', '.join(where)})")
+    return "\n".join(lines)
 
 
 def test_every_module_has_a_layer(graph):
@@ -206,17 +257,21 @@ def test_imports_go_downward_only(graph):
     assert not upward, "upward imports:\n" + "\n".join(upward)
 
 
-def test_no_import_cycle_between_modules(graph):
-    assert cycles(_checked(graph)) == []
+def test_no_import_cycle_between_modules(graph, edges):
+    """Zero cycles, counting every import anywhere in a module (lazy, function-level ones and
+    ``TYPE_CHECKING`` ones included) with the rules of the module docstring."""
+    found = cycles(_checked(graph))
+    assert not found, "import cycles between modules:\n" + explain_cycles(found, edges)
 
 
-def test_no_import_cycle_between_packages(graph):
+def test_no_import_cycle_between_packages(graph, edges):
     packages: dict[str, set[str]] = {}
     for m, ts in _checked(graph).items():
         packages.setdefault(package_of(m), set()).update(
             package_of(t) for t in ts if package_of(t) != package_of(m)
         )
-    assert cycles(packages) == []
+    found = cycles(packages)
+    assert not found, "import cycles between packages:\n" + explain_cycles(found, edges, package_of)
 
 
 def study_of(mod: str, studies: Iterable[str]) -> str | None:
@@ -257,12 +312,43 @@ def test_the_parser_sees_function_level_relative_and_by_name_imports(tmp_path):
     (pkg / "sub" / "__init__.py").write_text("from . import a\n")
     (pkg / "sub" / "a.py").write_text("def f():\n    from ..low import X\n    return X\n")
     (pkg / "sub" / "b.py").write_text('REG = {"a": "skv.sub.a:f"}\nimport skv.low as low\n')
+    (pkg / "sub" / "c.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from skv.sub.b import REG\n"
+    )
     g = import_graph(tmp_path)
     assert g["skv.sub"] == {"skv.sub.a"}
     assert g["skv.sub.a"] == {"skv.low"}
     assert g["skv.sub.b"] == {"skv.sub.a", "skv.low"}
+    assert g["skv.sub.c"] == {"skv.sub.b"}
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_from_package_import_submodule_depends_on_the_package(tmp_path):
+    """``from P import sub`` inside P reads P's facade, which imports the module back: a cycle,
+    even when the import is lazy (in a function); ``import P.sub as sub`` and ``from P.sub import
+    x`` name only the submodule (the implicit parent import is no edge)."""
+    pkg = tmp_path / "skv" / "p"
+    pkg.mkdir(parents=True)
+    (pkg.parent / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("from skv.p.server import Server\n")
+    (pkg / "tool.py").write_text("X = 1\n")
+    (pkg / "server.py").write_text(
+        "class Server:\n    def build(self):\n        from skv.p import tool\n"
+        "        return tool.X\n"
+    )
+    (pkg / "direct.py").write_text("import skv.p.tool as tool\nfrom skv.p.tool import X\n")
+    edges = import_edges(tmp_path)
+    assert edges[("skv.p.server", "skv.p")] == ["skv/p/server.py:3"]
+    assert edges[("skv.p.server", "skv.p.tool")] == ["skv/p/server.py:3"]
+    assert ("skv.p.direct", "skv.p") not in edges
+    assert edges[("skv.p.direct", "skv.p.tool")] == ["skv/p/direct.py:1", "skv/p/direct.py:2"]
+    found = cycles(import_graph(tmp_path))
+    assert found == [["skv.p", "skv.p.server"]]
+    text = explain_cycles(found, edges)
+    assert "cycle: skv.p <-> skv.p.server" in text
+    assert "skv.p -> skv.p.server  (skv/p/__init__.py:1)" in text
+    assert "skv.p.server -> skv.p  (skv/p/server.py:3)" in text
 
 
 #: modules besides the ``cli`` ones that parse command lines, and why

@@ -104,7 +104,7 @@ def build_tiny_model(
     """Build the tiny random-weight Llama (:mod:`skv.vllm.tiny_model`, run by the engine venv's
     interpreter; ``shape="small"`` for its larger timing shape) into ``out``; a directory that
     already holds one is kept. Raises RuntimeError with the build's output when it fails."""
-    from skv.vllm import tiny_model
+    import skv.vllm.tiny_model as tiny_model
 
     out = Path(out)
     if (out / "config.json").exists():
@@ -140,7 +140,7 @@ def build_smollm2(
     (ValueError); a failed step raises RuntimeError; ``out`` appears only when done."""
     import shutil
 
-    from skv.vllm import smollm2
+    import skv.vllm.smollm2 as smollm2
 
     out = Path(out)
     if out.exists():

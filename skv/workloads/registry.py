@@ -1,7 +1,10 @@
 """The workload registry without ``workload_shift``: name -> :class:`Workload` (its parameter
 model and chat builder). ``workload_shift`` mixes these by name, and ``skv.workloads`` adds it
 on top; keeping the mixable workloads here means no workload module imports the package that
-lists it (no import cycle). Adding a workload is one module plus one line here.
+lists it (no import cycle). For the same reason this module imports each workload module by its
+own name (``import skv.workloads.rag as rag``), never through the package (``from skv.workloads
+import rag`` would read ``skv.workloads``, whose ``__init__`` imports this module: a cycle).
+Adding a workload is one module plus one line here.
 """
 
 from __future__ import annotations
@@ -12,18 +15,16 @@ from typing import Any
 
 from pydantic import ValidationError
 
+import skv.workloads.legal_review as legal_review
+import skv.workloads.multi_turn_chat as multi_turn_chat
+import skv.workloads.rag as rag
+import skv.workloads.reasoning as reasoning
+import skv.workloads.sae_mix as sae_mix
+import skv.workloads.shared_system_prompt as shared_system_prompt
+import skv.workloads.tool_agent as tool_agent
+import skv.workloads.zipf_rag as zipf_rag
 from skv.model import Request
 from skv.runtime import no_cyclic_gc
-from skv.workloads import (
-    legal_review,
-    multi_turn_chat,
-    rag,
-    reasoning,
-    sae_mix,
-    shared_system_prompt,
-    tool_agent,
-    zipf_rag,
-)
 from skv.workloads.base import Chat, Context, WorkloadParams
 
 

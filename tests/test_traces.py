@@ -114,7 +114,7 @@ _segments = st.builds(
     Segment,
     stype=st.sampled_from(list(SemanticType)),
     num_tokens=st.integers(0, 10_000),
-    content_hash=st.none() | st.text(min_size=1, max_size=16),
+    content_hash=st.none() | st.text("0123456789abcdefABCDEF", min_size=1, max_size=16),
     reusable=st.none() | st.booleans(),
     text=st.none() | st.text(max_size=20),
     token_ids=st.none() | st.lists(st.integers(0, 2**31), max_size=5),

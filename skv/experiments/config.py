@@ -45,7 +45,7 @@ Sizes are bounded before anything is built from them, each error naming file and
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -103,6 +103,8 @@ MAX_CONFIG_DEPTH = 32
 MAX_LIST = 100
 #: simulations of one experiment (seeds x capacities x policies)
 MAX_CELLS = 10_000
+#: the experiment's lists bounded by MAX_LIST
+_LISTS = ("policies", "capacities", "seeds")
 #: characters of an offending value quoted in an error message
 _QUOTE_CHARS = 60
 
@@ -395,13 +397,17 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: b
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-def read_yaml(path: str | Path, what: str = "config") -> Any:
+def read_yaml(
+    path: str | Path, what: str = "config", *, list_limits: Mapping[str, int] | None = None
+) -> Any:
     """A YAML config file's data, after the checks every config loader needs.
 
     Refused, with a :class:`ConfigError` naming the file (and the field where there is one):
     more than :data:`MAX_CONFIG_BYTES`, not UTF-8, invalid YAML (line and column), a
     duplicate key, or data that expands (YAML anchors and aliases) to more than
     :data:`MAX_CONFIG_VALUES` values or nests deeper than :data:`MAX_CONFIG_DEPTH`.
+    ``list_limits``: top-level list fields and their own bound (an experiment's ``seeds``:
+    :data:`MAX_LIST`), checked first so a long list is refused with its real limit.
     ``FileNotFoundError`` when there is no such file.
     """
     path = Path(path)
@@ -433,8 +439,39 @@ def read_yaml(path: str | Path, what: str = "config") -> Any:
         raise ConfigError(f"{path}: invalid YAML: nested too deeply") from None
     except ValueError as exc:  # e.g. an integer of more than 4300 digits
         raise ConfigError(f"{path}: invalid YAML value: {_quote(str(exc))}") from None
+    _check_lists(data, path, list_limits or {}, what)
     _check_size(data, path)
     return data
+
+
+def _check_lists(data: Any, path: Path, limits: Mapping[str, int], what: str) -> None:
+    """A top-level list longer than its field's own bound: refused naming that bound."""
+    if not isinstance(data, dict):
+        return
+    for name, limit in limits.items():
+        value = data.get(name)
+        if isinstance(value, list) and len(value) > limit:
+            raise ConfigError(
+                f"{path}: {name}: {len(value)} entries; an {what} takes at most {limit} "
+                f"{name} (and at most {MAX_CELLS} simulations, seeds x capacities x policies)"
+            )
+
+
+def _has_aliases(data: Any) -> bool:
+    """Whether a container appears twice in the data (a YAML alias ``*name`` of an anchor
+    ``&name`` is the same object): each distinct container is visited once, so an alias bomb
+    is not expanded."""
+    seen: set[int] = set()
+    stack = [data]
+    while stack:
+        obj = stack.pop()
+        if not isinstance(obj, dict | list):
+            continue
+        if id(obj) in seen:
+            return True
+        seen.add(id(obj))
+        stack.extend(obj.values() if isinstance(obj, dict) else obj)
+    return False
 
 
 def read_model(path: str | Path, model: type[M], what: str) -> tuple[dict[str, Any], M]:
@@ -466,9 +503,14 @@ def _check_size(data: Any, path: Path) -> None:
             problem = f"more than {MAX_CONFIG_VALUES} values"
         if problem is not None:
             field = re.sub(r"(\[\d+\])+$", "", loc) or "<top level>"
+            if _has_aliases(data):
+                why = "the config expands to {} (YAML anchors and aliases multiply)"
+            else:
+                why = "the config holds {}" + f" ({len(obj)} entries here)"
             raise ConfigError(
-                f"{path}: {field}: the config expands to {problem} (YAML anchors and aliases "
-                "multiply); configs are small by design"
+                f"{path}: {field}: {why.format(problem)}; a config file holds at most "
+                f"{MAX_CONFIG_VALUES} values, nested at most {MAX_CONFIG_DEPTH} deep: configs "
+                "are small by design"
             )
         count += len(obj)
         if isinstance(obj, dict):
@@ -486,7 +528,7 @@ def load_config(path: str | Path) -> ExperimentConfig:
     or ``FileNotFoundError``. The file is read by :func:`read_yaml` (size bounds).
     """
     path = Path(path)
-    data = read_yaml(path, "experiment config")
+    data = read_yaml(path, "experiment config", list_limits=dict.fromkeys(_LISTS, MAX_LIST))
     return config_from_dict(data, source=path)
 
 

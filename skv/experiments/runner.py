@@ -12,11 +12,13 @@ trace, simulates every policy at every capacity, and writes into
 - ``run.log``: wall-clock timings (the only file with timings; the others are byte-identical
   for the same config).
 
-The directory appears whole or not at all: :func:`new_run_dir` reserves its name atomically
-(concurrent runs get distinct directories), the files are written into a hidden staging
-directory beside it, which is renamed onto the reserved name at the end
-(:func:`skv.fileio.atomic_dir`). An error or Ctrl-C while writing leaves neither; a directory
-that holds ``results.json`` holds every output.
+The directory appears whole or not at all: the files are written into a hidden staging
+directory (``.<name>.<host>-<pid>-<random>.partial``) in the output root, which is renamed
+onto the first free run name at the end (:func:`publish_run_dir`: concurrent runs get distinct
+directories). An error or Ctrl-C while writing leaves neither; a SIGKILL leaves only the
+staging directory, which the next run into the same root removes (or, when it cannot tell
+whether its writer still runs, names in a warning: :func:`skv.fileio.clean_stale_partials`).
+A directory that holds ``results.json`` holds every output; no run leaves an empty one.
 
 ``run_all`` runs every config of a directory, in parallel through the sweep executor
 (:mod:`skv.experiments.sweep`: local processes or a Dask cluster, byte-identical outputs), and
@@ -25,13 +27,15 @@ writes ``aggregate_summary.csv`` / ``.md`` next to the run directories.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import datetime as dt
+import errno
 import io
 import json
 import logging
 import math
+import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -48,7 +52,7 @@ from skv.experiments.config import (
 )
 from skv.experiments.outputs import PLOT_FILES, SUITE_DIR
 from skv.experiments.stats import mean_ci, paired_diff
-from skv.fileio import atomic_dir
+from skv.fileio import atomic_dir, staging_dir
 from skv.model import Request
 
 log = logging.getLogger(__name__)
@@ -672,24 +676,50 @@ def _publish(
     write: Callable[[Path], None],
 ) -> Path:
     """A new run directory named after ``started``, filled by ``write`` (given the staging
-    directory) all at once; on any error, Ctrl-C included, nothing is left behind."""
+    directory) all at once; on any error, Ctrl-C included, nothing is left behind.
+
+    No name is reserved in advance: the files go into a hidden staging directory, which is
+    renamed onto the first free name at the end (:func:`publish_run_dir`), so even a SIGKILL
+    (no cleanup runs) leaves no empty run directory, only the staging directory, which the next
+    run into ``output_root`` removes (:func:`skv.fileio.clean_stale_partials`)."""
     total = len(config.seeds) * len(config.capacities) * len(config.policies)
-    out_dir: Path | None = None
+    root = Path(output_root)
+    stamp = started.strftime("%Y%m%d_%H%M%S")
+    tmp = staging_dir(root / f"{stamp}_{config.id}")
     try:
-        out_dir = new_run_dir(Path(output_root), config.id, started)
-        with atomic_dir(out_dir, last=("results.json",)) as tmp:
-            write(tmp)
+        write(tmp)
+        return publish_run_dir(tmp, root, config.id, started)
     except BaseException as exc:
-        if out_dir is not None:
-            with contextlib.suppress(OSError):
-                out_dir.rmdir()  # the reserved name, still empty
+        shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, KeyboardInterrupt):
             exc.add_note(
                 f"experiment {config.id}: all {total} simulations done, interrupted while "
                 "writing; nothing written (no run directory left behind)"
             )
         raise
-    return out_dir
+
+
+def publish_run_dir(
+    staged: Path, output_root: Path, experiment_id: str, now: dt.datetime | None = None
+) -> Path:
+    """Rename the filled directory ``staged`` onto the first free
+    ``<output_root>/<YYYYmmdd_HHMMSS>_<id>[_<k>]`` and return it.
+
+    Atomic: ``rename`` onto a name that holds a (non-empty) run fails, so runs finishing at the
+    same second, in threads or processes, get distinct directories; an empty directory of that
+    name (nothing a reader takes for a run) is replaced."""
+    stamp = (now or dt.datetime.now()).strftime("%Y%m%d_%H%M%S")
+    base = output_root / f"{stamp}_{experiment_id}"
+    for k in range(1, MAX_RUN_DIR_ATTEMPTS + 1):
+        path = base if k == 1 else base.with_name(f"{base.name}_{k}")
+        try:
+            os.rename(staged, path)
+        except OSError as err:
+            if err.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+                continue
+            raise
+        return path
+    raise FileExistsError(f"{base}: {MAX_RUN_DIR_ATTEMPTS} run directories of this second exist")
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from skv.model import Request
-from skv.traces._common import PathLike
+from skv.traces._common import UTF8_BOM, PathLike
 from skv.traces.azure import load_azure2023
 from skv.traces.bailian import load_bailian
 from skv.traces.claude_code import load_claude_code
@@ -123,6 +123,7 @@ def detect_format(path: PathLike) -> str:
             first_raw = f.readline(_FIRST_LINE_LIMIT)
             if not first_raw:
                 break
+            first_raw = first_raw.removeprefix(UTF8_BOM)  # a byte order mark is not content
     first = first_raw.decode("utf-8", errors="replace").strip()
     if first.startswith("{"):
         try:
@@ -131,7 +132,7 @@ def detect_format(path: PathLike) -> str:
         except json.JSONDecodeError:
             # a pretty-printed document, or a line longer than the limit: sniff key names
             with open(p, "rb") as f:
-                head = f.read(_SNIFF_CHARS).decode("utf-8", errors="replace")
+                head = f.read(_SNIFF_CHARS).removeprefix(UTF8_BOM).decode("utf-8", "replace")
             keys = set(re.findall(r'"(\w+)"\s*:', head))
         if "skv_trace" in keys:
             return "skv"

@@ -33,10 +33,17 @@ M = TypeVar("M", bound=BaseModel)
 PathLike = str | os.PathLike[str]
 
 
+#: the UTF-8 byte order mark, skipped at the start of a text trace
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
 def iter_lines(path: PathLike) -> Iterator[tuple[int, str]]:
-    """Non-blank lines of a text file with their 1-based line numbers."""
+    """Non-blank lines of a text file with their 1-based line numbers; a UTF-8 byte order mark
+    at the start of the file (written by some Windows editors and exporters) is skipped."""
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
+            if lineno == 1:
+                raw = raw.removeprefix(UTF8_BOM)
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as err:

@@ -92,7 +92,7 @@ def load_azure2023(path: PathLike) -> list[Request]:
     """Read an Azure 2023 CSV into requests sorted by arrival (see module docstring)."""
     stem = Path(path).stem
     rows: list[tuple[int, tuple[int, float], int, int]] = []
-    with open(path, newline="", encoding="utf-8") as f:
+    with open(path, newline="", encoding="utf-8-sig") as f:  # a leading BOM is skipped
         reader = csv.DictReader(_utf8_lines(f, path))
         missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
         if missing:

@@ -166,7 +166,7 @@ def suffix_type(input_types: Sequence[str]) -> SemanticType:
 
 def _read_session(path: Path) -> CCSession:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a leading BOM is skipped
         return CCSession.model_validate_json(text, strict=True)
     except ValidationError as err:
         raise from_validation_error(err, path) from None

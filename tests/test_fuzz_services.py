@@ -82,18 +82,18 @@ def services(tmp_path_factory) -> Iterator[dict[str, tuple[TestClient, Any]]]:
         "mock": _mock(),
         "proxy": proxy.create_app(
             proxy.ProxyConfig(upstream_base_url="http://up", trace_output_dir=out,
-                              trace_name="f", tenant_isolation=True),
+                              trace_name="f", tenant_isolation=True, tenant_source="header"),
             transport=httpx.ASGITransport(_mock()),
         ),
         "router": router.create_app(
             router.RouterConfig(replicas=urls, policy="prefix_locality", routing_output_dir=None,
-                                tenant_isolation=True),
+                                tenant_isolation=True, tenant_source="header"),
             mounts={u: httpx.ASGITransport(_mock()) for u in urls},
         ),
         "router_precise": router.create_app(
             router.RouterConfig(replicas=urls, policy="precise", routing_output_dir=None,
                                 kv_events=["ipc:///nonexistent/a", "ipc:///nonexistent/b"],
-                                kv_block_size=4, tenant_isolation=True),
+                                kv_block_size=4, tenant_isolation=True, tenant_source="header"),
             mounts={u: httpx.ASGITransport(_mock()) for u in urls},
         ),
         "sim_api": sim_api.create_app(sim_api.SimConfig()),

@@ -130,11 +130,12 @@ def test_2000_requests_through_proxy_router_and_two_mocks_one_killed(tmp_path):
         (u1, _p1) = stack.enter_context(mock_engine("m1", tmp_path / "m1.log"))
         rcfg = router.RouterConfig(replicas=[u0, u1], policy="prefix_locality",
                                    routing_output_dir=tmp_path / "routing", cooldown_s=60,
-                                   tenant_isolation=True)  # fmt: skip
+                                   tenant_isolation=True, tenant_source="header")  # fmt: skip
         rapp = router.create_app(rcfg)
         router_url = stack.enter_context(serve_in_thread(rapp, lifespan="on"))
         pcfg = proxy.ProxyConfig(upstream_base_url=router_url, trace_output_dir=tmp_path,
-                                 trace_name="load", tenant_isolation=True)  # fmt: skip
+                                 trace_name="load", tenant_isolation=True,
+                                 tenant_source="header")  # fmt: skip
         papp = proxy.create_app(pcfg)
         proxy_url = stack.enter_context(serve_in_thread(papp, lifespan="on"))
         killed: list[float] = []

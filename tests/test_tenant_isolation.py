@@ -79,13 +79,15 @@ class Capture:
 
 def _proxy(tmp_path: Path, on: bool, up: Capture) -> Any:
     cfg = proxy.ProxyConfig(upstream_base_url="http://up", trace_output_dir=tmp_path,
-                            trace_name="t", tenant_isolation=on)  # fmt: skip
+                            trace_name="t", tenant_isolation=on,
+                            tenant_source="header")  # fmt: skip
     return proxy.create_app(cfg, transport=httpx.MockTransport(up))
 
 
 def _capture_router(on: bool, up: Capture) -> Any:
     cfg = router.RouterConfig(replicas=["http://r0"], policy="prefix_locality",
-                              routing_output_dir=None, tenant_isolation=on)  # fmt: skip
+                              routing_output_dir=None, tenant_isolation=on,
+                              tenant_source="header")  # fmt: skip
     return router.create_app(cfg, transport=httpx.MockTransport(up))
 
 
@@ -158,6 +160,7 @@ def test_mock_engine_isolates_by_cache_salt():
 def _state(on: bool, policy: str = "prefix_locality") -> router.RouterState:
     cfg = router.RouterConfig(replicas=["http://a", "http://b"], policy=policy,
                               routing_output_dir=None, block_size=4, tenant_isolation=on,
+                              tenant_source="header",
                               kv_events=["ipc:///x0", "ipc:///x1"] if policy == "precise" else [],
                               kv_block_size=4)  # fmt: skip
     return router.RouterState(cfg)
@@ -205,7 +208,8 @@ def _routed(tmp_path: Path, on: bool, tenants: list[str | None]) -> tuple[list[d
              for i in range(2)]  # fmt: skip
     mounts = {u: httpx.ASGITransport(m) for u, m in zip(urls, mocks, strict=True)}
     cfg = router.RouterConfig(replicas=urls, policy="prefix_locality",
-                              routing_output_dir=tmp_path, tenant_isolation=on)  # fmt: skip
+                              routing_output_dir=tmp_path, tenant_isolation=on,
+                              tenant_source="header")  # fmt: skip
     cached = []
     with TestClient(router.create_app(cfg, mounts=mounts)) as c:
         for t in tenants:
@@ -299,7 +303,7 @@ def test_precise_router_claims_what_it_served(tmp_path):
     mounts = {u: httpx.ASGITransport(m) for u, m in zip(urls, mocks, strict=True)}
     cfg = router.RouterConfig(replicas=urls, policy="precise", routing_output_dir=tmp_path,
                               kv_events=["ipc:///unused0", "ipc:///unused1"], kv_block_size=4,
-                              tenant_isolation=True)  # fmt: skip
+                              tenant_isolation=True, tenant_source="header")  # fmt: skip
     app = router.create_app(cfg, mounts=mounts)
     for sub in app.state.kv_subscribers:  # no engine publishes: events come by hand
         sub.close()

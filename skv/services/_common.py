@@ -85,13 +85,93 @@ def env_int(name: str, default: int) -> int:
         raise ValueError(f"{name}={raw!r}: expected an integer") from None
 
 
+#: concurrent connections a service accepts before answering new requests 503
+#: (``SKV_MAX_CONNECTIONS``, ``--max-connections``); well under the usual 1024 open files
+DEFAULT_MAX_CONNECTIONS = 512
+
+
+def max_connections_from_env() -> int:
+    """``SKV_MAX_CONNECTIONS`` or :data:`DEFAULT_MAX_CONNECTIONS`."""
+    return env_int("SKV_MAX_CONNECTIONS", DEFAULT_MAX_CONNECTIONS)
+
+
+def _guarded_h11(header_timeout_s: float) -> type:
+    """uvicorn's h11 protocol, closing a connection whose request headers have not arrived
+    ``header_timeout_s`` after it opened (or after its previous answer): uvicorn itself waits
+    for them forever, so a client that opens connections and sends nothing, or half a header,
+    would hold them (the body has its own limit: :class:`skv.services.checks.BodyLimit`)."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class GuardedH11Protocol(H11Protocol):
+        _header_timer: Any = None
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._header_timer = self.loop.call_later(header_timeout_s, self._headers_too_slow)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _headers_too_slow(self) -> None:
+            self._header_timer = None
+            if not self.transport.is_closing():  # no request yet: nobody to answer
+                self.transport.close()
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def handle_events(self) -> None:
+            before = self.cycle
+            super().handle_events()
+            if self.cycle is not before:  # a request's headers arrived
+                self._disarm()
+
+        def on_response_complete(self) -> None:
+            self._arm()  # the next request's headers (a pipelined one disarms it at once)
+            super().on_response_complete()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return GuardedH11Protocol
+
+
+def server_options(
+    max_connections: int | None = None, read_timeout_s: float | None = None
+) -> dict[str, Any]:
+    """uvicorn settings every service runs with: at most ``max_connections`` concurrent
+    connections (beyond: 503 and close; default :data:`DEFAULT_MAX_CONNECTIONS`) and request
+    headers within ``read_timeout_s`` (default: the body read timeout,
+    :data:`skv.services.checks.DEFAULT_BODY_READ_TIMEOUT_S`)."""
+    from skv.services.checks import DEFAULT_BODY_READ_TIMEOUT_S
+
+    cap = DEFAULT_MAX_CONNECTIONS if max_connections is None else max_connections
+    wait = DEFAULT_BODY_READ_TIMEOUT_S if read_timeout_s is None else read_timeout_s
+    if cap < 1:
+        raise ValueError(f"max connections must be >= 1, got {cap}")
+    if not wait > 0:
+        raise ValueError(f"read timeout must be > 0 seconds, got {wait}")
+    return {"limit_concurrency": cap, "http": _guarded_h11(wait)}
+
+
 @contextmanager
 def serve_in_thread(
-    app: Any, host: str = DEFAULT_HOST, *, lifespan: str = "off", timeout_s: float = 10.0
+    app: Any,
+    host: str = DEFAULT_HOST,
+    *,
+    lifespan: str = "off",
+    timeout_s: float = 10.0,
+    max_connections: int | None = None,
+    read_timeout_s: float | None = None,
 ) -> Iterator[str]:
     """Run an ASGI ``app`` under uvicorn on ``host`` (a free port) in a daemon thread; yield its
     base URL. For experiments and tests that need a real HTTP hop in this process.
-    ``lifespan="on"`` runs the app's startup and shutdown (closing what it opened) there."""
+    ``lifespan="on"`` runs the app's startup and shutdown (closing what it opened) there.
+    The server has the services' connection cap and header timeout (:func:`server_options`)."""
     import socket
 
     import uvicorn
@@ -100,7 +180,9 @@ def serve_in_thread(
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan=lifespan))
+    options = server_options(max_connections, read_timeout_s)
+    config = uvicorn.Config(app, log_level="warning", lifespan=lifespan, **options)
+    server = uvicorn.Server(config)
     th = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     th.start()
     deadline = time.monotonic() + timeout_s

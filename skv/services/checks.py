@@ -4,6 +4,11 @@
   :data:`DEFAULT_MAX_BODY_BYTES` = 4 MiB; ``SKV_MAX_BODY_BYTES``, ``--max-body-bytes``) before
   reading it in full: at once when ``Content-Length`` says so, else as soon as the bytes
   received pass the limit. 4 MiB of text is about a million tokens.
+- Body time: :class:`BodyLimit` answers 408 (and closes the connection) when a request's body
+  has not arrived in full ``read_timeout_s`` after its headers (default
+  :data:`DEFAULT_BODY_READ_TIMEOUT_S` = 30 s; ``SKV_BODY_READ_TIMEOUT_SECONDS``,
+  ``--body-read-timeout``): a client that stops sending mid-body cannot hold a connection (and
+  a slot under the connection cap, :func:`skv.services._common.server_options`) for longer.
 - JSON: :func:`parse_json_object` (run off the event loop) accepts one JSON object; it refuses
   ``NaN`` / ``Infinity`` literals and numbers out of float range (they cannot be forwarded as
   JSON), nesting deeper than :data:`MAX_JSON_DEPTH`, and strings holding lone UTF-16
@@ -14,8 +19,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,7 +31,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from skv.services._common import env_int, openai_error
+from skv.services._common import env_float, env_int, openai_error
 
 #: request body limit unless configured (``SKV_MAX_BODY_BYTES``; 4 MiB ~ a million tokens)
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -56,6 +63,16 @@ _DROP_HEADERS = frozenset(
 )
 
 
+#: seconds a request's whole body may take to arrive after its headers (a local client sends
+#: 4 MiB in milliseconds; 30 s is a 4 MiB body at about 1 Mbit/s)
+DEFAULT_BODY_READ_TIMEOUT_S = 30.0
+
+
+def body_read_timeout_from_env() -> float:
+    """``SKV_BODY_READ_TIMEOUT_SECONDS`` or :data:`DEFAULT_BODY_READ_TIMEOUT_S`."""
+    return env_float("SKV_BODY_READ_TIMEOUT_SECONDS", DEFAULT_BODY_READ_TIMEOUT_S)
+
+
 def max_body_bytes_from_env() -> int:
     """``SKV_MAX_BODY_BYTES`` or :data:`DEFAULT_MAX_BODY_BYTES`."""
     return env_int("SKV_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES)
@@ -65,16 +82,32 @@ class _TooLarge(Exception):
     """Raised from ``receive`` once a body passes the limit; :class:`BodyLimit` answers 413."""
 
 
+class _TooSlow(Exception):
+    """Raised from ``receive`` when the body is not in by its deadline; answered 408."""
+
+
 class BodyLimit:
     """ASGI middleware: a request body over ``max_bytes`` is answered 413 without being read
     in full (a ``Content-Length`` over the limit: unread; otherwise once the bytes received
-    pass it). Bodies within the limit reach the app unchanged."""
+    pass it); a body not in full ``read_timeout_s`` after the request's headers is answered 408
+    with ``Connection: close`` (the server then closes the connection). Bodies within the
+    limits reach the app unchanged."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_bytes: int,
+        read_timeout_s: float | None = DEFAULT_BODY_READ_TIMEOUT_S,
+    ) -> None:
         if max_bytes < 1:
             raise ValueError(f"max_body_bytes must be >= 1, got {max_bytes}")
+        if read_timeout_s is not None and not (
+            math.isfinite(read_timeout_s) and read_timeout_s > 0
+        ):
+            raise ValueError(f"body read timeout must be > 0 seconds, got {read_timeout_s}")
         self.app = app
         self.max_bytes = max_bytes
+        self.read_timeout_s = read_timeout_s
 
     def _error(self, status: int, message: str) -> JSONResponse:
         return openai_error(status, message, "invalid_request_error")
@@ -97,25 +130,48 @@ class BodyLimit:
                 await too_large(scope, receive, send)
                 return
         seen = 0
+        body_done = False
+        deadline = None if self.read_timeout_s is None else time.monotonic() + self.read_timeout_s
 
         async def limited() -> Message:
-            nonlocal seen
-            message = await receive()
+            nonlocal seen, body_done
+            if body_done or deadline is None:  # e.g. a stream listening for a disconnect
+                message = await receive()
+            else:
+                try:
+                    async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                        message = await receive()
+                except TimeoutError:
+                    raise _TooSlow from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
                     raise _TooLarge
+                body_done = not message.get("more_body", False)
             return message
 
         try:
             await self.app(scope, limited, send)
         except _TooLarge:  # bodies are read before any answer starts: nothing was sent yet
             await too_large(scope, receive, send)
+        except _TooSlow:
+            slow = self._error(
+                408,
+                f"request body not received within {self.read_timeout_s:g} s "
+                "(SKV_BODY_READ_TIMEOUT_SECONDS)",
+            )
+            slow.headers["connection"] = "close"  # the rest of the body is never read
+            await slow(scope, receive, send)
 
 
-def install_body_limit(app: FastAPI, max_bytes: int) -> None:
-    """Every route of ``app`` answers 413 to a request body over ``max_bytes``."""
-    app.add_middleware(BodyLimit, max_bytes=max_bytes)
+def install_body_limit(
+    app: FastAPI, max_bytes: int, read_timeout_s: float | None = DEFAULT_BODY_READ_TIMEOUT_S
+) -> None:
+    """Every route of ``app`` answers 413 to a request body over ``max_bytes`` and 408 to one
+    that takes longer than ``read_timeout_s`` to arrive (None: no limit). Bad limits are a
+    ValueError here, when the app is made, not at its first request."""
+    BodyLimit(app, max_bytes, read_timeout_s)  # checks them
+    app.add_middleware(BodyLimit, max_bytes=max_bytes, read_timeout_s=read_timeout_s)
 
 
 def _refuse_constant(name: str) -> Any:

@@ -9,7 +9,13 @@ bodies over ``--max-body-bytes`` (``SKV_MAX_BODY_BYTES``, default 4 MiB) with 41
 and router take ``--connect-timeout`` / ``--first-byte-timeout`` / ``--timeout`` (total) for
 their upstream calls (defaults 5 / 60 / 600 s; see ``skv.services.relay.Timeouts``) and
 ``--tenant-isolation`` (``SKV_TENANT_ISOLATION``, default off: per-tenant router scoring and
-each tenant's vLLM ``cache_salt`` on forwarded bodies; see ``skv.services.tenancy``).
+each tenant's vLLM ``cache_salt`` on forwarded bodies; see ``skv.services.tenancy``) with
+``--tenant-source key|header`` and ``--tenant-keys-file``. Every server takes
+``--body-read-timeout`` (``SKV_BODY_READ_TIMEOUT_SECONDS``, default 30 s: request headers, then
+the body, must arrive within it; a slow body gets 408 and a closed connection) and
+``--max-connections`` (``SKV_MAX_CONNECTIONS``, default 512: beyond it, 503).
+``skv services hash-key --tenant NAME`` prints a keys-file line for a key read from stdin
+(``--generate``: a new random key). User documentation: ``docs/tenancy.md``.
 """
 
 from __future__ import annotations
@@ -25,19 +31,33 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from skv.services._common import DEFAULT_HOST
-from skv.services.checks import max_body_bytes_from_env
+from skv.services._common import (
+    DEFAULT_HOST,
+    DEFAULT_MAX_CONNECTIONS,
+    max_connections_from_env,
+    server_options,
+)
+from skv.services.checks import (
+    DEFAULT_BODY_READ_TIMEOUT_S,
+    body_read_timeout_from_env,
+    max_body_bytes_from_env,
+)
 from skv.services.relay import (
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_FIRST_BYTE_TIMEOUT_S,
     DEFAULT_TOTAL_TIMEOUT_S,
 )
+from skv.services.tenancy import TENANT_SOURCES
 
 
-def _uvicorn_run(app: Any, host: str, port: int) -> int:
+def _uvicorn_run(app: Any, host: str, port: int, args: argparse.Namespace | None = None) -> int:
     import uvicorn
 
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    options = server_options(
+        _max_connections(args) if args is not None else None,
+        _body_read_timeout(args) if args is not None else None,
+    )
+    uvicorn.run(app, host=host, port=port, log_level="info", **options)
     return 0
 
 
@@ -48,6 +68,27 @@ def _server_args(p: argparse.ArgumentParser, port: int) -> None:
         "--max-body-bytes", type=int, default=None,
         help="413 for larger request bodies (SKV_MAX_BODY_BYTES; default 4 MiB)",
     )  # fmt: skip
+    p.add_argument(
+        "--body-read-timeout", type=float, default=None,
+        help="seconds a request's headers, and then its body, may take to arrive; a slower "
+        "body gets 408 and its connection closed (SKV_BODY_READ_TIMEOUT_SECONDS; "
+        f"default {DEFAULT_BODY_READ_TIMEOUT_S:g})",
+    )  # fmt: skip
+    p.add_argument(
+        "--max-connections", type=int, default=None,
+        help="concurrent connections before new requests get 503 (SKV_MAX_CONNECTIONS; "
+        f"default {DEFAULT_MAX_CONNECTIONS})",
+    )  # fmt: skip
+
+
+def _max_connections(args: argparse.Namespace) -> int:
+    value = getattr(args, "max_connections", None)
+    return value if value is not None else max_connections_from_env()
+
+
+def _body_read_timeout(args: argparse.Namespace) -> float:
+    value = getattr(args, "body_read_timeout", None)
+    return value if value is not None else body_read_timeout_from_env()
 
 
 def _timeout_args(p: argparse.ArgumentParser, env: str) -> None:
@@ -71,8 +112,18 @@ def _timeout_args(p: argparse.ArgumentParser, env: str) -> None:
 def _isolation_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tenant-isolation", action=argparse.BooleanOptionalAction, default=None,
-        help="isolate tenants (X-Tenant-ID): forward each tenant's cache_salt, score routing "
-        "per tenant (SKV_TENANT_ISOLATION, default off; salts keyed by SKV_TENANT_SALT_SECRET)",
+        help="isolate tenants: forward each tenant's cache_salt, score routing per tenant "
+        "(SKV_TENANT_ISOLATION, default off; salts keyed by SKV_TENANT_SALT_SECRET)",
+    )  # fmt: skip
+    p.add_argument(
+        "--tenant-source", choices=TENANT_SOURCES, default=None,
+        help="where the tenant comes from: 'key' (the client's API key, default) or 'header' "
+        "(X-Tenant-ID, ONLY behind a gateway that strips and sets it) (SKV_TENANT_SOURCE)",
+    )  # fmt: skip
+    p.add_argument(
+        "--tenant-keys-file", default=None,
+        help="API keys: '<sha256 hex of the key> <tenant>' per line (skv services hash-key); "
+        "also SKV_TENANT_KEYS (SKV_TENANT_KEYS_FILE)",
     )  # fmt: skip
 
     p.add_argument(
@@ -87,6 +138,11 @@ def _set_isolation(cfg: Any, args: argparse.Namespace) -> None:
     env's settings."""
     if args.tenant_isolation is not None:
         cfg.tenant_isolation = args.tenant_isolation
+    if getattr(args, "tenant_source", None) is not None:
+        cfg.tenant_source = args.tenant_source
+    if getattr(args, "tenant_keys_file", None) is not None:
+        cfg.tenant_keys_file = Path(args.tenant_keys_file)
+    cfg.body_read_timeout_s = _body_read_timeout(args)
     if args.forward_types is not None:
         cfg.forward_types = args.forward_types
 
@@ -172,12 +228,12 @@ def cmd_serve_mock(args: argparse.Namespace) -> int:
         model=args.model, policy=args.policy, cache_tokens=args.cache_tokens,
         latency=args.latency, time_scale=args.time_scale, itl_ms=args.itl_ms,
         max_tokens=args.max_tokens, seed=args.seed, name=args.name,
-        max_body_bytes=_max_body(args),
+        max_body_bytes=_max_body(args), body_read_timeout_s=_body_read_timeout(args),
     )  # fmt: skip
     faults = Faults(
         delay_s=args.delay, fail_status=args.fail_status, drop_after_chunks=args.drop_after_chunks
     )
-    return _uvicorn_run(create_app(cfg, faults), args.host, args.port)
+    return _uvicorn_run(create_app(cfg, faults), args.host, args.port, args)
 
 
 def cmd_proxy(args: argparse.Namespace) -> int:
@@ -196,7 +252,7 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     app = create_app(cfg)
     iso = "; tenant isolation on" if cfg.tenant_isolation else ""
     print(f"proxy -> {cfg.upstream_base_url}; trace: {app.state.writer.path}{iso}")
-    return _uvicorn_run(app, args.host, args.port)
+    return _uvicorn_run(app, args.host, args.port, args)
 
 
 def _set_timeouts(cfg: Any, args: argparse.Namespace) -> None:
@@ -226,7 +282,7 @@ def cmd_router(args: argparse.Namespace) -> int:
     cfg.max_body_bytes = _max_body(args)
     iso = "; tenant isolation on" if cfg.tenant_isolation else ""
     print(f"router ({cfg.policy}) over {', '.join(cfg.replicas)}{iso}")
-    return _uvicorn_run(create_app(cfg), args.host, args.port)
+    return _uvicorn_run(create_app(cfg), args.host, args.port, args)
 
 
 def cmd_sim_api(args: argparse.Namespace) -> int:
@@ -238,7 +294,8 @@ def cmd_sim_api(args: argparse.Namespace) -> int:
     if args.cache_tokens is not None:
         cfg.cache_tokens = args.cache_tokens
     cfg.max_body_bytes = _max_body(args)
-    return _uvicorn_run(create_app(cfg), args.host, args.port)
+    cfg.body_read_timeout_s = _body_read_timeout(args)
+    return _uvicorn_run(create_app(cfg), args.host, args.port, args)
 
 
 async def demo_policy(
@@ -346,12 +403,47 @@ def cmd_demo_router(args: argparse.Namespace) -> int:
     return 0
 
 
+def _hash_key_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tenant", required=True, help="the tenant the key belongs to")
+    p.add_argument(
+        "--generate", action="store_true",
+        help="make a new random key (printed once, on stderr: give it to the tenant)",
+    )  # fmt: skip
+
+
+def cmd_hash_key(args: argparse.Namespace) -> int:
+    """Print a keys-file line for a key read from stdin (never from the command line, where
+    other users' ``ps`` would see it), or for a new random key with ``--generate``."""
+    import secrets
+    import sys
+
+    from skv.services.tenancy import hash_key
+
+    tenant = args.tenant.strip()
+    if not tenant or not tenant.isprintable():
+        raise ValueError("--tenant must be a non-empty printable name")
+    if args.generate:
+        key = "skv-" + secrets.token_urlsafe(32)
+        print(f"key for {tenant} (shown once): {key}", file=sys.stderr)
+    else:
+        if sys.stdin.isatty():
+            import getpass
+
+            key = getpass.getpass("API key: ")
+        else:
+            key = sys.stdin.readline().rstrip("\r\n")
+        if not key.strip():
+            raise ValueError("no key on stdin (or use --generate)")
+    print(f"{hash_key(key)} {tenant}")
+    return 0
+
+
 @dataclass(frozen=True)
 class ServiceCommand:
     """``skv services NAME``, also spelled ``skv OLD`` (hidden, as before the grouping)."""
 
     name: str
-    old: str
+    old: str | None  # None: only ``skv services NAME``
     help: str
     add_args: Callable[[argparse.ArgumentParser], None]
     func: Callable[[argparse.Namespace], int]
@@ -385,6 +477,13 @@ COMMANDS = (
         "simulation API: POST /v1/simulate/request",
         _sim_api_args,
         cmd_sim_api,
+    ),
+    ServiceCommand(
+        "hash-key",
+        None,
+        "print a tenant keys-file line ('<sha256 hex> <tenant>') for a key read from stdin",
+        _hash_key_args,
+        cmd_hash_key,
     ),
     ServiceCommand(
         "demo-router",
@@ -479,6 +578,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         c.add_args(p)
         p.set_defaults(func=c.func)
     for c in COMMANDS:
+        if c.old is None:
+            continue
         # no help=: `skv --help` does not list it; it parses exactly as `skv services NAME`
         p = subparsers.add_parser(c.old, description=f"{c.help} (= skv services {c.name})")
         c.add_args(p)

@@ -51,7 +51,12 @@ from skv.segmenter import Segmenter
 from skv.services.collect import _Words
 
 from ._common import openai_error
-from .checks import DEFAULT_MAX_BODY_BYTES, install_body_limit, json_object_body
+from .checks import (
+    DEFAULT_BODY_READ_TIMEOUT_S,
+    DEFAULT_MAX_BODY_BYTES,
+    install_body_limit,
+    json_object_body,
+)
 
 #: fault -> (lowest, highest or None, null allowed); delay_s is a number, the others integers
 _FAULT_RANGES: dict[str, tuple[float, float | None, bool]] = {
@@ -121,6 +126,7 @@ class MockConfig:
     tokenizer: str | None = None
     name: str = "mock"  # shown in responses and metrics (which replica answered)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # larger request bodies: 413
+    body_read_timeout_s: float = DEFAULT_BODY_READ_TIMEOUT_S  # slower request bodies: 408
 
 
 @dataclass
@@ -360,7 +366,7 @@ def create_app(config: MockConfig | None = None, faults: Faults | None = None) -
     engine = MockEngine(config, faults)
     cfg = engine.config
     app = FastAPI(title="skv mock engine", version="1")
-    install_body_limit(app, cfg.max_body_bytes)
+    install_body_limit(app, cfg.max_body_bytes, cfg.body_read_timeout_s)
     app.state.engine = engine
 
     @app.get("/health")

@@ -18,12 +18,21 @@ Configuration (env; the ``skv proxy`` CLI sets the same fields):
   (default 60: response headers, a non-streaming answer's whole wait, and the longest silence
   inside a stream), ``SKV_PROXY_TIMEOUT_SECONDS`` (default 600: arrival to last byte)
 - ``SKV_MAX_BODY_BYTES`` (default 4 MiB; larger request bodies get 413)
-- ``SKV_TENANT_ISOLATION`` (default false) and ``SKV_TENANT_SALT_SECRET``: with isolation on,
-  every forwarded body carries the tenant's vLLM ``cache_salt`` (replacing the client's; see
-  :mod:`skv.services.tenancy`) and a request without ``X-Tenant-ID`` is recorded under the
-  default tenant; off, bodies are forwarded as sent
+- ``SKV_BODY_READ_TIMEOUT_SECONDS`` (default 30: a slower request body gets 408 and its
+  connection closed; request headers get as long) and ``SKV_MAX_CONNECTIONS`` (default 512,
+  for ``skv services proxy``: beyond it new requests get 503)
+- tenancy (:mod:`skv.services.tenancy`, ``docs/tenancy.md``): ``SKV_TENANT_ISOLATION``
+  (default false), ``SKV_TENANT_SOURCE`` (``key``, default: the tenant of the client's API key;
+  ``header``: ``X-Tenant-ID`` set by a trusted gateway), ``SKV_TENANT_KEYS_FILE`` /
+  ``SKV_TENANT_KEYS`` (hashed keys), ``SKV_UPSTREAM_API_KEY``, ``SKV_TENANT_SALT_SECRET``.
+  With isolation on every forwarded body carries the tenant's vLLM ``cache_salt`` (replacing
+  the client's); with isolation on or keys configured a missing or unknown key is a 401 and
+  neither ``X-Tenant-ID`` nor the client's ``Authorization`` is forwarded; off, bodies and
+  headers are forwarded as sent
 
-Headers: ``X-Session-ID`` / ``X-Tenant-ID`` go to the record's ``session_id`` / ``tenant_id``;
+Headers: ``X-Session-ID`` goes to the record's ``session_id``, the tenant (above; isolation off
+and no keys: ``X-Tenant-ID`` as sent) to its ``tenant_id``; two ``X-Tenant-ID`` headers are a
+400;
 ``X-Request-ID`` names the record (else a fresh id). Records of one session are linked through
 ``parent_id``. ``observed_cached_tokens`` comes from ``usage.prompt_tokens_details`` (streams:
 the proxy asks for ``stream_options.include_usage`` and strips that chunk again when the client
@@ -38,7 +47,8 @@ Failures: see :mod:`skv.services._common` (502 connect/5xx, 504 timeout, SSE err
 dropped stream, 499 ``client_gone``). Every request that was forwarded, or failed while being
 forwarded, is recorded, with ``extra.error = {kind, message, status}`` and no TTFT; replays that
 should only see served requests filter on it. Requests refused before forwarding (400: body,
-headers or prompt unreadable; 413: body too large) are answered, not recorded.
+headers or prompt unreadable; 401: no valid API key; 408: body too slow; 413: body too large)
+are answered, not recorded.
 
 Redaction (``SKV_REDACT_TEXT``, default on): nothing the client sent reaches the trace except its
 identifiers (``X-Request-ID``, ``X-Session-ID``, ``X-Tenant-ID``): segments keep hashes and token
@@ -81,7 +91,9 @@ from ._common import (
     run_stamp,
 )
 from .checks import (
+    DEFAULT_BODY_READ_TIMEOUT_S,
     DEFAULT_MAX_BODY_BYTES,
+    body_read_timeout_from_env,
     encode_json,
     forward_headers,
     install_body_limit,
@@ -99,10 +111,12 @@ from .relay import (
     relay_response,
 )
 from .tenancy import (
+    DEFAULT_TENANT_SOURCE,
+    TenantPolicy,
+    TenantRefused,
     cache_salt,
-    isolation_from_env,
-    salt_secret_from_env,
-    tenant_of,
+    policy_env,
+    refusal,
     with_cache_salt,
 )
 
@@ -126,7 +140,12 @@ class ProxyConfig:
     meta: dict[str, Any] = field(default_factory=dict)
     tenant_isolation: bool = False  # forward each tenant's cache_salt (skv.services.tenancy)
     tenant_salt_secret: str | None = None  # HMAC key of the salts (None: a public constant)
+    tenant_source: str = DEFAULT_TENANT_SOURCE  # "key" (API keys) or "header" (a gateway's)
+    tenant_keys_file: Path | None = None  # "<sha256 hex> <tenant>" lines
+    tenant_keys: str | None = None  # the same entries, comma-separated (SKV_TENANT_KEYS)
+    upstream_api_key: str | None = None  # sent upstream as Authorization: Bearer
     forward_types: bool = False  # add the prompt's semantic types as vllm_xargs (services.typed)
+    body_read_timeout_s: float = DEFAULT_BODY_READ_TIMEOUT_S  # 408 for a slower request body
 
     @classmethod
     def from_env(cls) -> ProxyConfig:
@@ -144,9 +163,9 @@ class ProxyConfig:
             ),
             max_body_bytes=max_body_bytes_from_env(),
             tokenizer=env_str("SKV_TOKENIZER"),
-            tenant_isolation=isolation_from_env(),
-            tenant_salt_secret=salt_secret_from_env(),
             forward_types=forward_types_from_env(),
+            body_read_timeout_s=body_read_timeout_from_env(),
+            **policy_env(),
         )
 
     @property
@@ -295,6 +314,7 @@ def create_app(
 ) -> FastAPI:
     cfg = config or ProxyConfig.from_env()
     timeouts = cfg.timeouts
+    tenancy = TenantPolicy.from_config(cfg)
     segmenter = Segmenter(cfg.tokenizer, redact=cfg.redact_text)
     writer = TraceWriter(cfg, segmenter)
     base = cfg.upstream_base_url.rstrip("/")
@@ -309,7 +329,7 @@ def create_app(
         writer.out.close()
 
     app = FastAPI(title="skv telemetry proxy", version="1", lifespan=lifespan)
-    install_body_limit(app, cfg.max_body_bytes)
+    install_body_limit(app, cfg.max_body_bytes, cfg.body_read_timeout_s)
     app.state.config = cfg
     app.state.writer = writer
     app.state.client = client
@@ -327,15 +347,19 @@ def create_app(
         """Check, segment (off the event loop), forward, relay; record once forwarded."""
         start = time.perf_counter()
         arrival = writer.arrival()
+        try:  # who the tenant is: from the headers, before the body is read
+            tenant = tenancy.identify(request.headers)
+        except TenantRefused as exc:
+            return refusal(exc)
         body = await json_object_body(request)
         if isinstance(body, Response):
             return body
         try:
-            headers = forward_headers(request.headers)
+            headers = tenancy.upstream_headers(forward_headers(request.headers))
             payload, added_usage = with_usage(body)
             if cfg.tenant_isolation:
-                salt = cache_salt(tenant_of(request.headers), cfg.tenant_salt_secret)
-                payload = with_cache_salt(payload, salt)
+                assert tenant is not None  # isolation always names one
+                payload = with_cache_salt(payload, cache_salt(tenant, cfg.tenant_salt_secret))
             segments = await run_in_threadpool(segment_body, segmenter, body, chat)
             session = request.headers.get("x-session-id")
             if cfg.forward_types:
@@ -344,11 +368,6 @@ def create_app(
         except ValueError as exc:
             return openai_error(400, f"cannot forward the request: {exc}", "invalid_request_error")
         rid = request.headers.get("x-request-id") or f"req-{uuid.uuid4().hex[:16]}"
-        tenant = (
-            tenant_of(request.headers)
-            if cfg.tenant_isolation
-            else request.headers.get("x-tenant-id")
-        )
         outcome = Outcome(upstream=base)
         recorded = False
 

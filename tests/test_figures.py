@@ -59,7 +59,8 @@ def docs() -> list[dict]:
 @pytest.fixture(scope="module")
 def curve():
     reqs = make_requests("shared_system_prompt", {"num_requests": 80, "seed": 0})
-    return C.capacity_curve(reqs, ["fifo", "lru", "adaptive_semantic", "belady"], ["5%", "20%"])
+    pols = ["fifo", "lru", "adaptive_semantic", "saecache", "belady"]
+    return C.capacity_curve(reqs, pols, ["5%", "20%"])
 
 
 def _engine_results() -> tuple[dict, dict]:
@@ -116,7 +117,7 @@ def _gap_sweep():
                 "seed": seed,
                 "block_hit_rate": base + gap / 1000 + seed / 100,
             }
-            for pol, base in (("lru", 0.3), ("adaptive_semantic", 0.32))
+            for pol, base in (("lru", 0.3), ("adaptive_semantic", 0.32), ("saecache", 0.34))
             for gap in (10.0, 30.0, 100.0)
             for seed in (0, 1, 2)
         ]
@@ -496,26 +497,66 @@ def _line_colours(fig) -> dict[str, str]:
     }
 
 
-def test_a_policy_has_one_colour_in_every_figure_and_the_rest_is_grey(docs, curve):
-    lru = POLICY_STYLES["lru"][0].lower()
+def test_the_method_is_coloured_and_the_baselines_grey(docs, curve):
+    """Issue 34: the method under study in its colour, every other online policy grey, the
+    bounds (Belady, the infinite-cache ceiling) dashed; the method first in the legend."""
     grey = to_hex(GREY_LINE)
-    for fig in (F.memory_utilisation(docs[0]), C.hit_rate_vs_capacity(curve, "t")):
+    for fig, method in (
+        (F.memory_utilisation(docs[0]), "adaptive_semantic"),
+        (C.hit_rate_vs_capacity(curve, "t"), "saecache"),
+    ):
         colours = _line_colours(fig)
-        assert colours["lru"] == lru
-        assert colours["adaptive_semantic"] == POLICY_STYLES["adaptive_semantic"][0].lower()
-        assert colours["fifo"] == grey  # not among the default highlights
-    # highlight is a parameter: fifo alone in colour, lru grey
-    colours = _line_colours(C.hit_rate_vs_capacity(curve, "t", highlight=["fifo"]))
-    assert colours["fifo"] == POLICY_STYLES["fifo"][0].lower() and colours["lru"] == grey
+        assert colours[method] == POLICY_STYLES[method][0].lower()
+        assert colours["lru"] == grey and colours["fifo"] == grey
+        ax = fig.axes[0]
+        assert ax.get_legend().get_texts()[0].get_text() == method
+        assert fig.__dict__[plotstyle.METHOD_ATTR] == (method,)
+        for line in ax.get_lines():
+            if line.get_label().startswith(("belady", "infinite cache")):
+                assert line.get_linestyle() == "--", line.get_label()
+    # the method is a parameter: fifo alone in colour, saecache grey
+    colours = _line_colours(C.hit_rate_vs_capacity(curve, "t", method="fifo"))
+    assert colours["fifo"] == POLICY_STYLES["fifo"][0].lower() and colours["saecache"] == grey
+    # the hit-rate figure says it is simulated
+    assert "simulated" in C.hit_rate_vs_capacity(curve, "t").axes[0].get_title()
     # bars: the same colour for the same policy, the rest grey-filled and told apart by hatch
     bar = policy_style("lru", kind="bar")
-    assert to_hex(bar["color"]) == lru
+    assert to_hex(bar["color"]) == POLICY_STYLES["lru"][0].lower()
     others = [policy_style(p, kind="bar") for p in ("fifo", "lfu", "static_semantic", "vllm")]
     assert len({o["hatch"] for o in others}) == len(others)
     assert len({o["color"] for o in others}) == 1
     # no two known policies look alike: (colour, marker) and hatch are unique per name
     assert len({(c, m) for c, m, _ in POLICY_STYLES.values()}) == len(POLICY_STYLES)
     assert len({h for _, _, h in POLICY_STYLES.values()}) == len(POLICY_STYLES)
+
+
+#: the comparison figures and the method each is about (issue 34)
+COMPARISON_FIGURES = {
+    "policy_comparison": "adaptive_semantic",
+    "bar_by_policy": "adaptive_semantic",
+    "memory_utilisation": "adaptive_semantic",
+    "memory_utilisation_pinned": "adaptive_semantic",
+    "hit_rate_vs_capacity": "saecache",
+    "gap_figure": "saecache",
+    "ttft_ratio_figure": "saecache",
+    "hit_vs_best_figure": "saecache",
+    "eviction_figure": "saecache",
+    "qps_figure": "cacheroute",
+    "load_figure": "cacheroute",
+    "hit_rate_figure": "segment",
+    "ttft_figure": "segment",
+    "sensitivity_figure": "segment",
+}
+
+
+def test_every_comparison_figure_declares_its_method(docs, curve):
+    """The checker verifies the style rule only for figures that declare their method: every
+    comparison figure must (so the rule cannot be skipped by forgetting it)."""
+    figs = _paper_figures(docs, curve)
+    for name, method in COMPARISON_FIGURES.items():
+        declared = getattr(figs[name], plotstyle.METHOD_ATTR, None)
+        assert declared and method in declared, f"{name}: declares {declared}, not {method}"
+        assert not plotstyle._comparison_problems(figs[name]), name
 
 
 def test_log_ticks_are_plain_numbers(docs):

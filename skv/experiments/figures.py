@@ -6,9 +6,10 @@ run's own plots (:func:`write_plots`, every capacity, with a footnote naming the
 written beside ``results.json``) and the paper's notebooks (the tightest capacity by default,
 saved with :func:`skv.experiments.plotstyle.save_figure`).
 
-Policies keep one colour and marker/hatch per name; the policies a figure is about
-(``highlight``, default adaptive_semantic, lru and belady) are in colour, the rest grey; offline
-reference policies (Belady) are cross-hatched and labelled "(offline)". Error bars are 95%
+Comparison figures follow :class:`~skv.experiments.plotstyle.Comparison`: the method under
+study (``method``, default adaptive_semantic, the SemanticKV thesis) in its colour, drawn on top
+and first in the legend, the other policies grey (told apart by marker or hatch), offline
+bounds (Belady) dashed and labelled "(offline)". Error bars are 95%
 bootstrap intervals of the across-seed mean (:mod:`skv.experiments.stats`).
 """
 
@@ -24,18 +25,18 @@ from matplotlib.figure import Figure
 from skv.experiments.config import experiment_title
 from skv.experiments.outputs import PLOTS
 from skv.experiments.plotstyle import (
-    DEFAULT_HIGHLIGHT,
+    Comparison,
     check_figure,
     exempt_axes,
     figure,
-    highlighted,
-    order_highlighted_last,
     paper_style,
     plain_ticks,
-    policy_style,
     type_style,
     wrap_title,
 )
+
+#: the policy the SemanticKV figures are about
+METHOD = "adaptive_semantic"
 
 
 def tightest_capacity(doc: dict[str, Any]) -> str:
@@ -58,6 +59,11 @@ def _policies(doc: dict[str, Any]) -> list[tuple[str, bool]]:
 
 def _names(doc: dict[str, Any]) -> dict[str, str]:
     return {r["policy"]: r["policy_name"] for r in doc["aggregate"]}
+
+
+def simulated_note(doc: dict[str, Any]) -> str:
+    """What a simulated run's figure says it is: simulated, and by which latency model."""
+    return f"simulated; latency model {doc['latency'].get('model', '?')}"
 
 
 def policy_label(policy: str, offline: bool) -> str:
@@ -83,11 +89,13 @@ def bar_by_policy(
     metric: str,
     ylabel: str,
     title: str,
-    highlight: Sequence[str] | None = DEFAULT_HIGHLIGHT,
+    method: str = METHOD,
 ) -> Figure:
-    """Grouped bars: one group per capacity, one bar per policy; error bars = the 95% bootstrap
-    interval of the across-seed mean (asymmetric; never below the smallest seed's value)."""
-    pols = _policies(doc)
+    """Grouped bars: one group per capacity, one bar per policy (``method`` coloured and first,
+    the rest grey); error bars = the 95% bootstrap interval of the across-seed mean (asymmetric;
+    never below the smallest seed's value)."""
+    cmp = Comparison(method)
+    pols = cmp.legend_order(_policies(doc), lambda po: (po[0], _names(doc).get(po[0])))
     names = _names(doc)
     caps = capacities(doc)
     recs = {(r["capacity"], r["policy"]): r for r in doc["aggregate"]}
@@ -95,6 +103,7 @@ def bar_by_policy(
     with paper_style():
         fig = figure(max(4.5, 1.0 + 0.25 * len(pols) * len(caps)), 3.0)
         ax = fig.add_subplot()
+        handles, labels = [], []
         for i, (pol, offline) in enumerate(pols):
             xs, stats = [], []
             for j, cap in enumerate(caps):
@@ -103,7 +112,7 @@ def bar_by_policy(
                     continue
                 xs.append(j - 0.4 + width * (i + 0.5))
                 stats.append(r[metric])
-            ax.bar(
+            bars = ax.bar(
                 xs,
                 [s["mean"] for s in stats],
                 width * 0.92,
@@ -111,17 +120,24 @@ def bar_by_policy(
                 capsize=1.5,
                 error_kw={"elinewidth": 0.6, "ecolor": "0.2"},
                 label=policy_label(pol, offline),
-                **policy_style(
-                    pol, name=names.get(pol), kind="bar", offline=offline, highlight=highlight
-                ),
+                **cmp.style(pol, name=names.get(pol), kind="bar"),
             )
+            handles.append(bars)
+            labels.append(policy_label(pol, offline))
         ax.set_xticks(range(len(caps)), [f"capacity {c}" for c in caps])
         ax.set_xlabel("cache capacity per replica")
         ax.set_ylabel(ylabel)
         plain_ticks(ax.yaxis)
-        ax.set_title(wrap_title(f"{title}: {experiment_title(doc)}", 70))
-        ax.legend(
-            ncols=min(4, len(pols)), loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False
+        what = f"{title}: {experiment_title(doc)} ({simulated_note(doc)})"
+        ax.set_title(wrap_title(what, max(40, int(fig.get_figwidth() * 13))), fontsize=7)
+        cmp.legend(
+            ax,
+            handles,
+            labels,
+            ncols=min(4, len(pols)),
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.18),
+            frameon=False,
         )
     return fig
 
@@ -129,11 +145,12 @@ def bar_by_policy(
 def evictions_by_type(
     doc: dict[str, Any],
     capacities_: Sequence[str] | None = None,
-    highlight: Sequence[str] | None = DEFAULT_HIGHLIGHT,
+    method: str = METHOD,
 ) -> Figure:
     """Stacked bars: mean evicted blocks per semantic type (fixed colour per type), one bar per
-    policy, one panel per capacity (default: the tightest); policies outside ``highlight``
+    policy, one panel per capacity (default: the tightest); the policies other than ``method``
     have grey names."""
+    cmp = Comparison(method)
     caps = list(capacities_ or [tightest_capacity(doc)])
     pols = _policies(doc)
     names = _names(doc)
@@ -155,7 +172,7 @@ def evictions_by_type(
                 range(len(shown)), [policy_label(p, o) for p, o in shown], rotation=35, ha="right"
             )
             for tick, (p, _) in zip(ax.get_xticklabels(), shown, strict=True):
-                if not highlighted(p, names.get(p), highlight):
+                if cmp.role(p, names.get(p)) != "method":
                     tick.set_color("0.5")
             ax.set_xlabel("policy")
             if len(caps) > 1:
@@ -216,20 +233,21 @@ def adaptive_weights(doc: dict[str, Any], capacity: str | None = None) -> Figure
 def memory_utilisation(
     doc: dict[str, Any],
     capacities_: Sequence[str] | None = None,
-    highlight: Sequence[str] | None = DEFAULT_HIGHLIGHT,
+    method: str = METHOD,
     *,
     pinned: bool = False,
 ) -> Figure:
     """Cached / usable blocks over simulated time, one line per policy (first seed, mean over
     replicas), one row per capacity (default: the tightest); with ``pinned`` a second column
-    shows the share of the capacity pinned by running requests. ``highlight`` policies in
-    colour, drawn on top of the grey rest."""
+    shows the share of the capacity pinned by running requests. ``method`` in colour, drawn on
+    top of the grey rest and first in the legend; Belady dashed."""
+    cmp = Comparison(method)
     caps = list(capacities_ or [tightest_capacity(doc)])
     pols = _policies(doc)
     names = _names(doc)
     offline = dict(pols)
     series = {(s["capacity"], s["policy"]): s for s in doc["series"]["memory"] if s["time_s"]}
-    drawn = order_highlighted_last([p for p, _ in pols], lambda p: (p, names.get(p)), highlight)
+    drawn = cmp.draw_order([p for p, _ in pols], lambda p: (p, names.get(p)))
     cols = 2 if pinned else 1
     with paper_style():
         fig = figure("column" if cols == 1 else "text", 2.0 * len(caps) + 0.6)
@@ -241,9 +259,7 @@ def memory_utilisation(
                 if s is None:
                     continue
                 style = {
-                    **policy_style(
-                        pol, name=names.get(pol), offline=offline[pol], highlight=highlight
-                    ),
+                    **cmp.style(pol, name=names.get(pol)),
                     "markevery": max(1, len(s["time_s"]) // 10),
                 }
                 label = policy_label(pol, offline[pol])
@@ -259,7 +275,9 @@ def memory_utilisation(
         for ax in axes[-1]:
             ax.set_xlabel("simulated time (s)")
         where = f", capacity {caps[0]}" if len(caps) == 1 else ""
-        axes[0][0].set_title(wrap_title(f"{experiment_title(doc)}{where}", 48), fontsize=7)
+        axes[0][0].set_title(
+            wrap_title(f"{experiment_title(doc)}{where} ({simulated_note(doc)})", 48), fontsize=7
+        )
         if pinned:
             axes[0][1].set_title("pinned by running requests / capacity", fontsize=7)
         labels = [policy_label(p, o) for p, o in pols if policy_label(p, o) in handles]
@@ -268,7 +286,9 @@ def memory_utilisation(
             if axes.size == 1
             else {"loc": "upper left", "bbox_to_anchor": (1.0, 1.0)}
         )
-        axes[0][-1].legend([handles[k] for k in labels], labels, frameon=False, fontsize=6, **where)
+        cmp.legend(
+            axes[0][-1], [handles[k] for k in labels], labels, frameon=False, fontsize=6, **where
+        )
     return fig
 
 
@@ -321,10 +341,8 @@ def _no_weights(doc: dict[str, Any]) -> Figure:
     return fig
 
 
-def write_plots(
-    doc: dict[str, Any], out_dir: Path, highlight: Sequence[str] | None = DEFAULT_HIGHLIGHT
-) -> list[Path]:
-    """The six PNGs of one run (every capacity); ``highlight``: the policies drawn in colour."""
+def write_plots(doc: dict[str, Any], out_dir: Path, method: str = METHOD) -> list[Path]:
+    """The six PNGs of one run (every capacity); ``method``: the policy drawn in colour."""
     out_dir = Path(out_dir)
     model = doc["latency"].get("model", "?")
     caps = capacities(doc)
@@ -337,7 +355,7 @@ def write_plots(
                 "ttft_ms_mean",
                 f"mean TTFT (ms, simulated: {model})",
                 "Mean TTFT by policy",
-                highlight,
+                method,
             ),
             bars,
         ),
@@ -347,7 +365,7 @@ def write_plots(
                 "token_hit_rate",
                 "prompt-token hit rate",
                 "Cache hit rate by policy",
-                highlight,
+                method,
             ),
             bars,
         ),
@@ -357,13 +375,13 @@ def write_plots(
                 "cached_tokens",
                 "prompt tokens served from cache",
                 "Tokens saved (prefill skipped)",
-                highlight,
+                method,
             ),
             bars,
         ),
-        "evict": (evictions_by_type(doc, caps, highlight), ""),
+        "evict": (evictions_by_type(doc, caps, method), ""),
         "weights": (adaptive_weights(doc) if has_learned_weights(doc) else _no_weights(doc), ""),
-        "memory": (memory_utilisation(doc, caps, highlight, pinned=True), ""),
+        "memory": (memory_utilisation(doc, caps, method, pinned=True), ""),
     }
     paths = []
     for key, (fig, extra) in figs.items():

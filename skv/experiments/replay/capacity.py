@@ -20,11 +20,9 @@ from matplotlib.figure import Figure
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from skv.experiments.plotstyle import (
-    DEFAULT_HIGHLIGHT,
+    Comparison,
     figure,
-    order_highlighted_last,
     paper_style,
-    policy_style,
     wrap_title,
 )
 
@@ -132,40 +130,40 @@ def _share(spec: str) -> float:
     return share
 
 
+#: the policy the replay figures are about (the paper's method)
+REPLAY_METHOD = "saecache"
+
+
 def hit_rate_vs_capacity(
     df: pd.DataFrame,
     title: str,
     metric: str = "block_hit_rate",
-    highlight: Sequence[str] | None = DEFAULT_HIGHLIGHT,
+    method: str = REPLAY_METHOD,
 ) -> Figure:
-    """One line per policy (Belady dotted, offline) and the infinite-cache ceiling (dashed);
-    ``highlight`` policies in colour on top of the grey rest, legend in the trace's order.
-    ``title``: the replay config's ``title``."""
+    """One line per policy and the infinite-cache ceiling, in the :class:`Comparison` style:
+    ``method`` in colour on top and first in the legend, the other policies grey, the bounds
+    (Belady, offline; the ceiling) dashed. ``title``: the replay config's ``title``; the figure
+    says it is a simulated replay."""
     from skv.policies.registry import OFFLINE
 
+    cmp = Comparison(method)
     with paper_style():
         fig = figure("column", 2.9)
         ax = fig.add_subplot()
         policies = list(dict.fromkeys(df["policy"]))
         handles = {}
-        for pol in order_highlighted_last(policies, lambda p: (p, None), highlight):
+        for pol in cmp.draw_order(policies):
             d = df[df["policy"] == pol].sort_values("capacity_share")
             off = pol in OFFLINE
             (handles[pol],) = ax.plot(
                 100 * d["capacity_share"],
                 d[metric],
                 label=f"{pol} (offline)" if off else pol,
-                **policy_style(pol, offline=off, highlight=highlight),
+                **cmp.style(pol),
             )
         ceiling = float(df[f"ceiling_{metric}"].iloc[0])
-        ax.axhline(ceiling, color="0.0", linestyle="--", linewidth=0.8)
-        ax.text(
-            0.01,
-            ceiling,
-            "infinite cache",
-            transform=ax.get_yaxis_transform(),
-            fontsize=6,
-            va="bottom",
+        handles["ceiling"] = ax.axhline(
+            ceiling, label="infinite cache", **cmp.style("ceiling", kind="rule")
         )
         shares = sorted(set(df["capacity_share"]))
         ax.set_xscale("log")
@@ -174,14 +172,19 @@ def hit_rate_vs_capacity(
         ax.set_ylim(0, None)
         ax.set_xlabel("capacity (% of unique blocks)")
         ax.set_ylabel(metric.replace("_", " "))
-        ax.set_title(wrap_title(title, 48), fontsize=7)
-        ax.legend(
-            [handles[p] for p in policies],
-            [handles[p].get_label() for p in policies],
+        what = f"{title}: {method} vs baselines (simulated replay; hit rates, no hardware)"
+        ax.set_title(wrap_title(what, 48), fontsize=7)
+        order = cmp.legend_order([*policies, "ceiling"])
+        cmp.legend(
+            ax,
+            [handles[p] for p in order],
+            [handles[p].get_label() for p in order],
             frameon=False,
             loc="upper center",
             bbox_to_anchor=(0.5, -0.25),
             ncols=3,
+            columnspacing=1.0,
+            handlelength=1.8,
         )
     return fig
 

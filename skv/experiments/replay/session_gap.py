@@ -169,21 +169,29 @@ def gap_share(
 
 
 def gap_figure(
-    df: pd.DataFrame, title: str, assumed_gap_s: float, metric: str = "block_hit_rate"
+    df: pd.DataFrame,
+    title: str,
+    assumed_gap_s: float,
+    metric: str = "block_hit_rate",
+    method: str = "saecache",
 ) -> Figure:
     """Hit rate vs the mean session gap (log axis), one line per policy with its 95% band over
-    seeds; the gap the other Claude Code results assume is marked."""
-    from skv.experiments.plotstyle import figure, paper_style, plain_ticks, policy_style
+    seeds (``method`` coloured, on top and first in the legend, the rest grey, Belady dashed);
+    the gap the other Claude Code results assume is marked."""
+    from skv.experiments.plotstyle import Comparison, figure, paper_style, plain_ticks, wrap_title
 
+    cmp = Comparison(method)
     s = summary(df, metric)
     with paper_style():
         fig = figure("column", 2.5)
         ax = fig.add_subplot()
-        for pol in dict.fromkeys(df["policy"]):
+        handles = []
+        for pol in cmp.draw_order(list(dict.fromkeys(df["policy"]))):
             d = s[s["policy"] == pol].sort_values("gap_s")
-            style = policy_style(pol)
+            style = cmp.style(pol)
             label = f"{pol} (offline)" if pol == "belady" else pol
-            ax.plot(d["gap_s"], d["mean"], label=label, **style)
+            (line,) = ax.plot(d["gap_s"], d["mean"], label=label, **style)
+            handles.append(line)
             ax.fill_between(
                 d["gap_s"], d["ci95_low"], d["ci95_high"], color=style["color"], alpha=0.2, lw=0
             )
@@ -204,7 +212,9 @@ def gap_figure(
         ax.set_ylim(0, None)
         ax.set_xlabel("mean gap between session starts (s)")
         ax.set_ylabel(metric.replace("_", " "))
-        ax.set_title(title)
-        ax.legend(frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncols=3)
+        ax.set_title(wrap_title(f"{title} (simulated replay; hit rates, no hardware)", 48),
+                     fontsize=7)  # fmt: skip
+        cmp.legend(ax, handles, [h.get_label() for h in handles], frameon=False,
+                   loc="upper center", bbox_to_anchor=(0.5, -0.28), ncols=3)  # fmt: skip
         fig.set_layout_engine("tight")
     return fig

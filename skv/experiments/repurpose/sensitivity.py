@@ -29,7 +29,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from skv.experiments.plotstyle import figure, paper_style, policy_style, wrap_title
+from skv.experiments.plotstyle import figure, paper_style, wrap_title
 from skv.experiments.repurpose import study as S
 from skv.experiments.stats import interval
 from skv.experiments.sweep import run_sweep
@@ -312,7 +312,8 @@ def sensitivity_figure(
     table: pd.DataFrame, title: str, defaults: dict[str, float] | None = None
 ) -> Figure:
     """One panel per swept parameter: token hit rate at the capacity vs the parameter's
-    value, prefix and segment keying (mean over seeds, 95% bootstrap intervals), the analytic
+    value, segment keying (the method, coloured, first in the legend) and prefix keying (grey)
+    (mean over seeds, 95% bootstrap intervals), the analytic
     prefix ceiling dashed and the infinite-cache prefix replay as crosses (where they part,
     the formula's truncations bite); dotted: the default the other panels hold."""
     params = list(dict.fromkeys(table["parameter"]))
@@ -334,17 +335,14 @@ def sensitivity_figure(
                     [m - s["ci95"][0] for m, s in zip(mean, stats, strict=True)],
                     [s["ci95"][1] - m for m, s in zip(mean, stats, strict=True)],
                 ]
-                style = policy_style("adaptive_semantic" if mode == "segment" else "lru",
-                                     highlight=None)  # fmt: skip
+                style = S.METHOD.style(mode, name=S.SERIES_LOOK[mode])
                 handles[label] = ax.errorbar(xs, mean, yerr=err, label=label, capsize=2, **style)
             g = d.groupby("value", sort=False)
             (handles["prefix ceiling (analytic)"],) = ax.plot(
                 xs,
                 [100 * g.get_group(x)["prefix_ceiling"].mean() for x in xs],
-                color="0.0",
-                linestyle="--",
-                linewidth=0.8,
                 label="prefix ceiling (analytic)",
+                **{**S.METHOD.style("prefix ceiling"), "marker": "none", "linewidth": 0.8},
             )
             (handles["prefix, infinite cache (replay)"],) = ax.plot(
                 xs,
@@ -368,9 +366,10 @@ def sensitivity_figure(
             ax.set_xlabel(axis_label)
             ax.set_ylim(0, 100)
         axes[0].set_ylabel("token hit rate (%)")
-        fig.suptitle(wrap_title(title, 110), fontsize=7)
-        fig.legend(
-            list(handles.values()), list(handles), loc="lower center", ncols=len(handles),
+        fig.suptitle(wrap_title(f"{title} (simulated replay; hit rates, no hardware)", 110),
+                     fontsize=7)  # fmt: skip
+        S.METHOD.legend(
+            fig, list(handles.values()), list(handles), loc="lower center", ncols=len(handles),
             frameon=False, fontsize=6,
         )  # fmt: skip
         fig.set_layout_engine("tight", rect=(0, 0.07, 1, 1))

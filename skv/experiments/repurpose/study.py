@@ -35,7 +35,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from skv.experiments.plotstyle import figure, paper_style, policy_style, wrap_title
+from skv.experiments.plotstyle import Comparison, figure, paper_style, wrap_title
 from skv.experiments.stats import interval
 from skv.replay import compile_trace, trace_totals
 from skv.runtime import no_cyclic_gc
@@ -49,6 +49,12 @@ SCHEME_LABELS = {
     "cacheblend": "segment, CacheBlend-like",
 }
 INFINITE = "inf"
+#: the figures' style rule: segment keying (every segment scheme) is the method under study,
+#: prefix keying / caching the grey baseline, the analytic prefix ceiling a dashed bound
+METHOD = Comparison(("segment", "naive", "epic", "cacheblend"), bounds=("prefix ceiling",))
+#: the policy whose colour and marker a series borrows
+SERIES_LOOK = {"segment": "adaptive_semantic", "prefix": "lru", "naive": "adaptive_semantic",
+               "epic": "lfu", "cacheblend": "gdsf"}  # fmt: skip
 
 
 class LatencySpec(BaseModel):
@@ -377,22 +383,22 @@ def _cap_x(caps: Sequence[str], model: str) -> tuple[list[float], list[str]]:
 
 
 def hit_rate_figure(hits: pd.DataFrame, meta: pd.DataFrame, title: str) -> Figure:
-    """Token hit rate vs KV capacity, prefix and segment keying (mean over seeds, error bars
-    the seeds' range), with the analytic prefix ceiling dashed."""
+    """Token hit rate vs KV capacity, segment keying (the method, coloured, first in the legend)
+    and prefix keying (grey) (mean over seeds, error bars the seeds' range), with the analytic
+    prefix ceiling dashed."""
     caps = list(dict.fromkeys(hits["capacity"]))
     xs, labels = _cap_x(caps, "")
     with paper_style():
         fig = figure("column", 2.6)
         ax = fig.add_subplot()
+        handles = []
         for mode, name in (("segment", "segment keying"), ("prefix", "prefix keying")):
             g = hits[hits["mode"] == mode].groupby("capacity", sort=False)["token_hit_rate"]
             mean = [100 * g.get_group(c).mean() for c in caps]
             lo = [100 * g.get_group(c).min() for c in caps]
             hi = [100 * g.get_group(c).max() for c in caps]
-            style = policy_style(
-                "adaptive_semantic" if mode == "segment" else "lru", highlight=None
-            )
-            ax.errorbar(
+            style = METHOD.style(mode, name=SERIES_LOOK[mode])
+            h = ax.errorbar(
                 xs,
                 mean,
                 yerr=[np.subtract(mean, lo), np.subtract(hi, mean)],
@@ -400,15 +406,14 @@ def hit_rate_figure(hits: pd.DataFrame, meta: pd.DataFrame, title: str) -> Figur
                 capsize=2,
                 **style,
             )
+            handles.append(h)
         ceiling = 100 * float(meta["prefix_ceiling"].mean())
-        ax.axhline(ceiling, color="0.0", linestyle="--", linewidth=0.8)
-        ax.text(
-            0.01,
-            ceiling,
-            "prefix ceiling (analytic)",
-            transform=ax.get_yaxis_transform(),
-            fontsize=6,
-            va="bottom",
+        handles.append(
+            ax.axhline(
+                ceiling,
+                label="prefix ceiling (analytic)",
+                **METHOD.style("prefix ceiling", kind="rule"),
+            )
         )
         ax.set_xscale("log")
         ax.set_xticks(xs, labels)
@@ -416,30 +421,42 @@ def hit_rate_figure(hits: pd.DataFrame, meta: pd.DataFrame, title: str) -> Figur
         ax.set_ylim(0, 100)
         ax.set_xlabel("KV capacity (llama-3.1-8b bytes)")
         ax.set_ylabel("token hit rate (%)")
-        ax.set_title(wrap_title(title, 48), fontsize=7)
-        ax.legend(loc="lower right", bbox_to_anchor=(1.0, 0.27), fontsize=6)
+        ax.set_title(wrap_title(f"{title} (simulated replay; hit rates, no hardware)", 48),
+                     fontsize=7)  # fmt: skip
+        METHOD.legend(ax, handles, [h.get_label() for h in handles], loc="lower right",
+                      bbox_to_anchor=(1.0, 0.27), fontsize=6)  # fmt: skip
     return fig
 
 
-def ttft_figure(ttfts: pd.DataFrame, meta: pd.DataFrame, title: str) -> Figure:
-    """Mean simulated TTFT vs KV capacity per reuse scheme (mean over seeds), no-cache dotted."""
+def latency_note(cfg: RepurposeConfig) -> str:
+    """The latency model a figure names: ``roofline (llama-3.1-8b on H100)``."""
+    p = cfg.latency.params
+    on = f"{p['model']} on {p['gpu']}" if "model" in p and "gpu" in p else ""
+    return f"{cfg.latency.name} ({on})" if on else cfg.latency.name
+
+
+def ttft_figure(ttfts: pd.DataFrame, meta: pd.DataFrame, title: str, latency: str = "") -> Figure:
+    """Mean simulated TTFT vs KV capacity per reuse scheme (mean over seeds), no-cache dotted;
+    the segment schemes (the method) coloured and first in the legend, prefix caching grey.
+    ``latency``: the latency model, named in the title."""
     caps = list(dict.fromkeys(ttfts["capacity"]))
     xs, labels = _cap_x(caps, "")
-    styles = {"prefix": "lru", "naive": "adaptive_semantic", "epic": "lfu", "cacheblend": "gdsf"}
     with paper_style():
         fig = figure("column", 2.6)
         ax = fig.add_subplot()
-        for scheme in SCHEMES:
+        handles = []
+        for scheme in METHOD.draw_order(list(SCHEMES)):
             d = ttfts[ttfts["scheme"] == scheme]
             if d.empty:
                 continue
             g = d.groupby("capacity", sort=False)["mean_ttft_ms"].mean()
-            ax.plot(
+            (line,) = ax.plot(
                 xs,
                 [g[c] for c in caps],
                 label=SCHEME_LABELS[scheme],
-                **policy_style(styles[scheme], highlight=None),
+                **METHOD.style(scheme, name=SERIES_LOOK[scheme]),
             )
+            handles.append(line)
         nocache = float(meta["no_cache_ttft_ms"].mean())
         ax.axhline(nocache, color="0.0", linestyle=":", linewidth=0.8)
         ax.text(
@@ -451,8 +468,10 @@ def ttft_figure(ttfts: pd.DataFrame, meta: pd.DataFrame, title: str) -> Figure:
         ax.set_ylim(0, nocache * 1.15)
         ax.set_xlabel("KV capacity (llama-3.1-8b bytes)")
         ax.set_ylabel("mean TTFT (ms, simulated)")
-        ax.set_title(wrap_title(title, 48), fontsize=7)
-        ax.legend(loc="lower right", bbox_to_anchor=(1.0, 0.27), fontsize=6)
+        what = f"simulated; latency model {latency}" if latency else "simulated"
+        ax.set_title(wrap_title(f"{title} ({what})", 48), fontsize=7)
+        METHOD.legend(ax, handles, [h.get_label() for h in handles], loc="lower right",
+                      bbox_to_anchor=(1.0, 0.27), fontsize=6)  # fmt: skip
     return fig
 
 

@@ -2,8 +2,9 @@
 :mod:`skv.experiments.saecache.numbers` (and :func:`~skv.experiments.saecache.study.
 learned_series`), never from simulator objects.
 
-Every policy keeps its fixed colour and hatch (:mod:`skv.experiments.plotstyle`); ``saecache``
-and Belady are highlighted, the other baselines grey. Error bars are 95% Student-t intervals
+The comparison figures follow :class:`~skv.experiments.plotstyle.Comparison`: ``saecache`` in
+its colour, first in the legend, the other baselines grey (told apart by hatch), Belady (the
+offline bound) dashed. Error bars are 95% Student-t intervals
 of paired per-seed values (the tables carry ``ci_low`` / ``ci_high``).
 """
 
@@ -18,6 +19,7 @@ from matplotlib.figure import Figure
 
 from skv.experiments.plotstyle import (
     OKABE_ITO,
+    Comparison,
     figure,
     paper_style,
     plain_ticks,
@@ -26,8 +28,10 @@ from skv.experiments.plotstyle import (
     wrap_title,
 )
 
-#: the policies drawn in colour
+#: the policies drawn in colour (the ablation figure)
 HIGHLIGHT: tuple[str, ...] = ("saecache", "belady")
+#: the method under study: the comparison figures' style rule
+METHOD = Comparison("saecache")
 #: the workload's true inter-turn gap distribution (skv/workloads/sae_mix.py; log-seconds)
 TRUE_GAP_MU, TRUE_GAP_SIGMA = 2.28, 1.34
 QUEUE_STYLES: dict[str, tuple[str, str]] = {
@@ -46,15 +50,18 @@ def _err(d: pd.DataFrame) -> list[list[float]]:
 
 
 def _series_style(series: str, policy: str) -> dict[str, Any]:
-    """Bar style of a series: its own policy's when it is one policy, else grey."""
+    """Bar style of a series (:data:`METHOD`): saecache coloured, an offline policy a dashed
+    bound, anything else (the best other online policy) a grey baseline."""
     offline = series.endswith("(offline)")
     name = policy if series == policy or offline else series
-    return policy_style(name, kind="bar", offline=offline, highlight=HIGHLIGHT)
+    return METHOD.style(name, name=policy if offline else None, kind="bar")
 
 
 def _grouped_bars(ax: Axes, d: pd.DataFrame, groups: list[str], order: list[str]) -> dict:
     """One group of bars per ``groups`` entry (column ``setting``), one bar per ``order``
     entry (column ``series``), with error bars; returns series -> bar container."""
+    policy_of = dict(zip(d["series"], d["policy"], strict=True))
+    order = METHOD.legend_order(order, lambda name: (name, policy_of.get(name)))
     width = 0.8 / len(order)
     handles = {}
     for i, name in enumerate(order):
@@ -132,14 +139,15 @@ def ttft_ratio_figure(rows: pd.DataFrame, title: str = "") -> Figure:
             axes, (("ttft_ms_mean", "mean TTFT"), ("ttft_ms_p99", "p99 TTFT")), strict=True
         ):
             handles |= _grouped_bars(ax, rows[rows["metric"] == metric], groups, order)
-            ref = ax.axhline(1.0, color="0.15", linestyle="--", linewidth=0.8, label="vllm (= 1)")
+            ref = ax.axhline(1.0, color="0.3", linestyle="-", linewidth=0.8, label="vllm (= 1)")
             handles["vllm (= 1)"] = ref
             plain_ticks(ax.yaxis)
             ax.set_ylabel(f"speedup over vllm\n({what}, simulated)")
         _setting_axis(axes[1], rows, groups)
         if title:
             axes[0].set_title(wrap_title(title, 110), fontsize=7)
-        fig.legend(
+        METHOD.legend(
+            fig,
             list(handles.values()),
             list(handles),
             loc="lower center",
@@ -168,7 +176,7 @@ def hit_vs_best_figure(rows: pd.DataFrame, title: str = "") -> Figure:
         plain_ticks(ax.yaxis)
         if title:
             ax.set_title(wrap_title(title, 110), fontsize=7)
-        ax.legend(list(handles.values()), list(handles), frameon=False, fontsize=6)
+        METHOD.legend(ax, list(handles.values()), list(handles), frameon=False, fontsize=6)
     return fig
 
 

@@ -13,31 +13,28 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from skv.experiments.config import experiment_title
-from skv.experiments.figures import policy_label, tightest_capacity, yerr
-from skv.experiments.plotstyle import (
-    DEFAULT_HIGHLIGHT,
-    figure,
-    paper_style,
-    plain_ticks,
-    policy_style,
-    wrap_title,
-)
+from skv.experiments.figures import METHOD, policy_label, simulated_note, tightest_capacity, yerr
+from skv.experiments.plotstyle import Comparison, figure, paper_style, plain_ticks, wrap_title
 
 
-def policy_comparison(
-    docs: Sequence[dict[str, Any]], highlight: Sequence[str] | None = DEFAULT_HIGHLIGHT
-) -> Figure:
+def policy_comparison(docs: Sequence[dict[str, Any]], method: str = METHOD) -> Figure:
     """Two rows (mean TTFT, token hit rate), one column per experiment, at each experiment's
     tightest capacity; bars = across-seed mean with its 95% bootstrap interval; the dashed line
     in the hit-rate row is Belady's (offline) hit rate, the bound online policies are measured
-    against. ``highlight``: the policies in colour (the rest grey, told apart by hatch)."""
+    against. ``method`` (adaptive_semantic) in colour, the first bar of each panel and first in
+    the legend; the rest grey, told apart by hatch; Belady dashed. The title says the numbers
+    are simulated and by which latency model(s)."""
+    cmp = Comparison(method)
     with paper_style():
         fig = figure("text", 3.9)
         axes = fig.subplots(2, len(docs), squeeze=False)
         legend: dict[str, Any] = {}
         for col, doc in enumerate(docs):
             cap = tightest_capacity(doc)
-            recs = [r for r in doc["aggregate"] if r["capacity"] == cap]
+            recs = cmp.legend_order(
+                [r for r in doc["aggregate"] if r["capacity"] == cap],
+                lambda r: (r["policy"], r["policy_name"]),
+            )
             for row, (metric, ylabel) in enumerate(
                 (("ttft_ms_mean", "mean TTFT (ms, sim.)"), ("token_hit_rate", "token hit rate"))
             ):
@@ -53,18 +50,12 @@ def policy_comparison(
                         capsize=1.5,
                         error_kw={"elinewidth": 0.6, "ecolor": "0.2"},
                         label=policy_label(r["policy"], r["offline"]),
-                        **policy_style(
-                            r["policy"],
-                            name=r["policy_name"],
-                            kind="bar",
-                            offline=r["offline"],
-                            highlight=highlight,
-                        ),
+                        **cmp.style(r["policy"], name=r["policy_name"], kind="bar"),
                     )
                     legend.setdefault(policy_label(r["policy"], r["offline"]), bars)
                 bel = [r for r in recs if r["policy_name"] == "belady"]
                 if metric == "token_hit_rate" and bel:
-                    ax.axhline(bel[0][metric]["mean"], color="0.0", linestyle="--", linewidth=0.8)
+                    ax.axhline(bel[0][metric]["mean"], **cmp.style("belady", kind="rule"))
                 ax.set_xticks([])
                 plain_ticks(ax.yaxis)
                 if col == 0:
@@ -73,7 +64,13 @@ def policy_comparison(
                     ax.set_title(wrap_title(experiment_title(doc), 22), fontsize=6.5)
                 else:
                     ax.set_xlabel(f"policies, capacity {cap}", fontsize=6)
-        fig.legend(
+        models = sorted({simulated_note(doc) for doc in docs})
+        fig.suptitle(
+            wrap_title(f"{method} vs baselines, every experiment ({'; '.join(models)})", 140),
+            fontsize=7,
+        )
+        cmp.legend(
+            fig,
             list(legend.values()),
             list(legend),
             loc="lower center",

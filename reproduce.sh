@@ -10,7 +10,8 @@
 #   ./reproduce.sh paper [--quick]  write paper/generated/values.tex from the runs and build
 #                                 paper/main.pdf (needs latexmk or tectonic); --quick: from the
 #                                 quick run, into build/quick/paper/
-#   ./reproduce.sh test     bootstrap .venv, then run the test suite (lint + pytest)
+#   ./reproduce.sh test [ARGS]  bootstrap .venv, then lint + the test suite (engine tests last,
+#                                 alone); ARGS go to pytest as they are
 #   ./reproduce.sh bench    bootstrap .venv, then run the replay speed benchmark
 #   ./reproduce.sh mutate [MODULE ...]  mutation testing of the core with mutmut (pure Python,
 #                                 slow, not in CI): scores in build/mutation/scores.md
@@ -72,14 +73,20 @@ run_mutate() {
 }
 
 run_tests() {
-    # the whole suite's time goes into the docs (skv/artifact/timings.py); a selection's does not
+    # With no arguments, the whole suite in two runs: every test but the real-engine ones on all
+    # cores (pytest-xdist, a file's tests in one worker), then the real-engine tests alone, one at
+    # a time (engines sharing the cores stall each other). Its time goes into the docs
+    # (skv/artifact/timings.py); a selection's (arguments go to pytest as they are) does not.
     local start rc=0
     start=$(date +%s.%N)
     "$VENV/bin/ruff" check skv tests benchmarks
-    "$VENV/bin/python" -m pytest -q "$@" || rc=$?
-    if [[ $# -eq 0 ]]; then
-        "$VENV/bin/python" -m skv.artifact.timings mark test --start "$start" --exit "$rc" > /dev/null
+    if [[ $# -gt 0 ]]; then
+        "$VENV/bin/python" -m pytest -q "$@"
+        return
     fi
+    "$VENV/bin/python" -m pytest -q -n auto --dist loadfile -m "not vllm and not smollm2" || rc=$?
+    "$VENV/bin/python" -m pytest -q -m "vllm or smollm2" || rc=$?
+    "$VENV/bin/python" -m skv.artifact.timings mark test --start "$start" --exit "$rc" > /dev/null
     return $rc
 }
 

@@ -354,6 +354,9 @@ def test_from_package_import_submodule_depends_on_the_package(tmp_path):
 #: modules besides the ``cli`` ones that parse command lines, and why
 ARGPARSE_OUTSIDE_CLI = {
     "skv/artifact/pipeline.py": "python -m skv.artifact.pipeline, the entry reproduce.sh calls",
+    "skv/artifact/timings.py": (
+        "python -m skv.artifact.timings mark: shell scripts call it with any Python, no venv"
+    ),
     "skv/vllm/smollm2.py": "a script run by the engine venv's python, not imported by skv",
     "skv/vllm/tiny_model.py": "a script run by the engine venv's python, not imported by skv",
     "skv/vllm/loadgen.py": "a script run by the engine venv's python (skv.vllm.engine_load)",

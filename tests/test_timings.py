@@ -21,7 +21,7 @@ MACHINE = {"cores": 2, "memory_gib": 7.7, "cpu": "Test CPU"}
 
 
 def test_the_docs_state_no_time_by_hand_and_their_blocks_match_the_record():
-    assert T.check(ROOT) == []
+    assert T.check(list(STEPS), ROOT) == []
     # and the front doors have the blocks at all
     assert "<!-- skv:timings summary -->" in (ROOT / "README.md").read_text()
     artifact = (ROOT / "ARTIFACT.md").read_text()
@@ -116,7 +116,7 @@ def test_render_states_each_time_with_its_date_and_machine_and_a_stale_block_is_
     (tmp_path / "README.md").write_text(doc)
     (tmp_path / "experiments").mkdir()
     T.write_json(tmp_path / "experiments" / "timings.json", record)
-    assert any("differs" in p for p in T.check(tmp_path, steps=["a", "b"]))
+    assert any("differs" in p for p in T.check(["a", "b"], tmp_path))
     with pytest.raises(ValueError, match="unknown timings block 'nope'"):
         T.render_text("<!-- skv:timings nope -->\n<!-- /skv:timings -->", record, [], "X.md")
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import logging
 import os
 import time
 from pathlib import Path
@@ -205,6 +206,9 @@ def test_an_unreachable_server_exits_1_and_writes_nothing(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "no server answers" in err and url in err
     assert not out.exists()
+    # an in-process run leaves httpx's logger as it found it (other commands and tests rely on
+    # its level; once it leaked WARNING into the next test of the same process)
+    assert logging.getLogger("httpx").level == logging.NOTSET
 
 
 def test_a_server_that_fails_every_request_exits_1_and_writes_nothing(

@@ -807,6 +807,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--markdown", action="store_true", help="print the claims as a Markdown table, no check"
     )
     sub.add_parser("list", help="print the step registry")
+    tm = sub.add_parser("timings", help="the docs' measured times (skv.artifact.timings)")
+    tm.add_argument("action", choices=["record", "render", "check"],
+                    help="record: merge BUILD's measurements into experiments/timings.json and "
+                    "render; render: rewrite the docs' timings tables; check: stale tables or "
+                    "hand-typed times (exit 1)")  # fmt: skip
+    tm.add_argument("build", nargs="?", type=Path, default=REPO / "build")
     pp = sub.add_parser("paper", help="write paper values and build the PDF (needs LaTeX)")
     pp.add_argument("--quick", action="store_true", help="from the quick run, into build/quick")
     pp.add_argument(
@@ -825,6 +831,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f)
             return 0
         return build_paper(quick=args.quick)
+    if args.cmd == "timings":
+        steps = list(STEPS)
+        if args.action == "check":
+            problems = timings.check(steps)
+            print("\n".join(problems) or "timings: the docs' times are all generated and current")
+            return 1 if problems else 0
+        if args.action == "record":
+            for line in timings.record(args.build) or ["nothing new"]:
+                print(f"[timings] {line}")
+        for f in timings.render(steps):
+            print(f"[timings] rendered {f.relative_to(REPO)}")
+        return 0
     if args.cmd == "list":
         for s in STEPS.values():
             extra = f"  traces: {', '.join(s.needs_traces)}" if s.needs_traces else ""

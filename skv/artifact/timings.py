@@ -8,17 +8,17 @@ a record of real runs, never typed by hand:
    scripts/setup_vllm.sh and .ci/run call ``mark`` (``build/<phase>.json``); every pipeline run
    writes ``build/timings.json`` (``build/quick/timings.json`` for ``--quick``) with each
    step's status and seconds. Each file names the machine (cores, memory, CPU) and the time.
-2. ``python -m skv.artifact.timings record [BUILD]`` merges those files into the record: a phase
-   keeps its latest measurement; a step keeps its latest ``ran`` time per mode; a mode's
-   end-to-end time is replaced only by a *complete* run (every step of the registry ran, none
-   cached, skipped or failed), so a total is never a sum passed off as one run.
-3. ``python -m skv.artifact.timings render`` rewrites the marked blocks
-   (``<!-- skv:timings NAME -->`` ... ``<!-- /skv:timings -->``) of README.md and ARTIFACT.md.
+2. ``python -m skv.artifact.pipeline timings record [BUILD]`` merges those files into the
+   record: a phase keeps its latest measurement; a step keeps its latest ``ran`` time per mode;
+   a mode's end-to-end time is replaced only by a *complete* run (every step of the registry
+   ran, none cached, skipped or failed), so a total is never a sum passed off as one run.
+3. ``python -m skv.artifact.pipeline timings render`` (also done by ``record``) rewrites the
+   marked blocks (``<!-- skv:timings NAME -->`` ... ``<!-- /skv:timings -->``) of the docs.
 
-``check`` (run by tests/test_timings.py) fails when a block differs from what the record renders,
-or when a sentence outside the blocks states a duration and names one of the timed things
-(:data:`TIMED`). Stdlib only: scripts/setup_vllm.sh runs it with the system Python, before any
-venv of the project exists.
+``timings check`` (and tests/test_timings.py) fails when a block differs from what the record
+renders, or when a sentence outside the blocks states a duration and names one of the timed things
+(:data:`TIMED`). Stdlib only, importing nothing of skv: scripts/setup_vllm.sh runs ``mark``
+with the system Python, before any venv of the project exists.
 """
 
 from __future__ import annotations
@@ -335,26 +335,24 @@ def checked_files(root: Path = REPO) -> list[Path]:
     return files
 
 
-def check(root: Path = REPO, record_path: Path | None = None,
-          steps: Sequence[str] | None = None) -> list[str]:  # fmt: skip
-    """Every problem with the docs' times: stale blocks, and times typed by hand."""
+def check(steps: Sequence[str], root: Path = REPO, record_path: Path | None = None) -> list[str]:
+    """Every problem with the docs' times: stale blocks, and times typed by hand (``steps``: the
+    pipeline's step names, in order)."""
     record = load(record_path or root / "experiments" / "timings.json")
-    steps = list(steps if steps is not None else _step_names())
     problems = []
     for f in checked_files(root):
         text = f.read_text(encoding="utf-8")
         rel = f.relative_to(root).as_posix()
         if render_text(text, record, steps, rel) != text:
             problems.append(f"{rel}: a timings block differs from experiments/timings.json "
-                            "(python -m skv.artifact.timings render)")  # fmt: skip
+                            "(python -m skv.artifact.pipeline timings render)")  # fmt: skip
         problems += hand_typed(text, rel)
     return problems
 
 
-def render(root: Path = REPO, record_path: Path | None = None) -> list[Path]:
+def render(steps: Sequence[str], root: Path = REPO, record_path: Path | None = None) -> list[Path]:
     """Rewrite the generated blocks; return the files that changed."""
     record = load(record_path or root / "experiments" / "timings.json")
-    steps = _step_names()
     changed = []
     for f in checked_files(root):
         text = f.read_text(encoding="utf-8")
@@ -367,16 +365,21 @@ def render(root: Path = REPO, record_path: Path | None = None) -> list[Path]:
     return changed
 
 
-def _step_names() -> list[str]:
-    from skv.artifact.pipeline import STEPS  # the registry (needs the project's venv)
-
-    return list(STEPS)
-
-
 # ------------------------------------------------------------------------- command line
 
 
+def record(build: Path, record_path: Path = RECORD) -> list[str]:
+    """Fold ``build``'s measurements into the committed record; return what changed."""
+    data = load(record_path)
+    changed = merge(data, build)
+    write_json(record_path, data)
+    return changed
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """``mark`` only: the one command shell scripts call, with any Python 3.11 and no venv
+    (``record``, ``render`` and ``check`` need the step registry:
+    ``python -m skv.artifact.pipeline timings``)."""
     ap = argparse.ArgumentParser(prog="python -m skv.artifact.timings",
                                  description=__doc__.split("\n")[0])  # fmt: skip
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -386,32 +389,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     m.add_argument("--build", type=Path, default=REPO / "build")
     m.add_argument("--exit", type=int, default=None, help="the phase's exit status")
     m.add_argument("--note", default=None)
-    r = sub.add_parser("record", help="merge build/ measurements into experiments/timings.json")
-    r.add_argument("build", nargs="?", type=Path, default=REPO / "build")
-    r.add_argument("--render", action="store_true", help="then rewrite the docs' blocks")
-    sub.add_parser("render", help="rewrite the docs' timings blocks from the record")
-    sub.add_parser("check", help="stale blocks or hand-typed times in the docs (exit 1)")
     args = ap.parse_args(argv)
-    if args.cmd == "mark":
-        extra = {k: v for k, v in (("exit", args.exit), ("note", args.note)) if v is not None}
-        rec = mark(args.phase, args.start, args.build, **extra)
-        print(f"[timings] {args.phase}: {rec['seconds']} s -> {args.build / args.phase}.json")
-        return 0
-    if args.cmd == "record":
-        record = load()
-        for line in merge(record, args.build) or ["nothing new"]:
-            print(f"[timings] {line}")
-        write_json(RECORD, record)
-        if not args.render:
-            return 0
-    if args.cmd in ("record", "render"):
-        for f in render():
-            print(f"[timings] rendered {f.relative_to(REPO)}")
-        return 0
-    problems = check()
-    for p in problems:
-        print(p)
-    return 1 if problems else 0
+    extra = {k: v for k, v in (("exit", args.exit), ("note", args.note)) if v is not None}
+    rec = mark(args.phase, args.start, args.build, **extra)
+    print(f"[timings] {args.phase}: {rec['seconds']} s -> {args.build / args.phase}.json")
+    return 0
 
 
 if __name__ == "__main__":

@@ -31,7 +31,12 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from skv.services._common import env_float, env_int, openai_error
+from skv.services._common import (
+    DEFAULT_BODY_READ_TIMEOUT_S,
+    env_float,
+    env_int,
+    openai_error,
+)
 
 #: request body limit unless configured (``SKV_MAX_BODY_BYTES``; 4 MiB ~ a million tokens)
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -63,9 +68,6 @@ _DROP_HEADERS = frozenset(
 )
 
 
-#: seconds a request's whole body may take to arrive after its headers (a local client sends
-#: 4 MiB in milliseconds; 30 s is a 4 MiB body at about 1 Mbit/s)
-DEFAULT_BODY_READ_TIMEOUT_S = 30.0
 
 
 def body_read_timeout_from_env() -> float:

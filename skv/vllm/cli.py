@@ -364,8 +364,17 @@ def cmd_vllm_replay_trace(args: argparse.Namespace) -> int:
     server exits 1; in both cases nothing is written to ``--out``."""
     from skv.vllm import replaytrace as rt
 
+    httpx_log = logging.getLogger("httpx")
+    level = httpx_log.level
     if not getattr(args, "verbose", False):  # httpx logs every request at INFO
-        logging.getLogger("httpx").setLevel(logging.WARNING)
+        httpx_log.setLevel(logging.WARNING)
+    try:
+        return _replay_trace(args, rt)
+    finally:  # a command run in-process (tests, notebooks) leaves the logger as it found it
+        httpx_log.setLevel(level)
+
+
+def _replay_trace(args: argparse.Namespace, rt: Any) -> int:
     settings = rt.ReplayTraceSettings(
         url=args.url,
         model=args.model,

@@ -89,6 +89,14 @@ def env_int(name: str, default: int) -> int:
 #: (``SKV_MAX_CONNECTIONS``, ``--max-connections``); well under the usual 1024 open files
 DEFAULT_MAX_CONNECTIONS = 512
 
+#: seconds a service keeps an idle keep-alive connection open (uvicorn's own default is 5 s).
+#: Longer than the idle expiry of common clients (httpx and so the OpenAI SDK: 5 s; aiohttp:
+#: 15 s): a client reuses an idle connection up to its expiry, and a request sent on a
+#: connection its server is closing at that moment gets no response at all (2 of 20,000 in
+#: benchmarks/service_load.py at uvicorn's 5 s). The header timeout still closes a connection
+#: that stays idle longer than the body read timeout (:func:`_guarded_h11`).
+DEFAULT_KEEP_ALIVE_S = 20.0
+
 #: seconds a request's whole body may take to arrive after its headers (a local client sends
 #: 4 MiB in milliseconds; 30 s is a 4 MiB body at about 1 Mbit/s)
 DEFAULT_BODY_READ_TIMEOUT_S = 30.0
@@ -148,16 +156,21 @@ def server_options(
     max_connections: int | None = None, read_timeout_s: float | None = None
 ) -> dict[str, Any]:
     """uvicorn settings every service runs with: at most ``max_connections`` concurrent
-    connections (beyond: 503 and close; default :data:`DEFAULT_MAX_CONNECTIONS`) and request
+    connections (beyond: 503 and close; default :data:`DEFAULT_MAX_CONNECTIONS`), request
     headers within ``read_timeout_s`` (default: the body read timeout,
-    :data:`DEFAULT_BODY_READ_TIMEOUT_S`)."""
+    :data:`DEFAULT_BODY_READ_TIMEOUT_S`) and idle keep-alive connections kept
+    :data:`DEFAULT_KEEP_ALIVE_S`."""
     cap = DEFAULT_MAX_CONNECTIONS if max_connections is None else max_connections
     wait = DEFAULT_BODY_READ_TIMEOUT_S if read_timeout_s is None else read_timeout_s
     if cap < 1:
         raise ValueError(f"max connections must be >= 1, got {cap}")
     if not wait > 0:
         raise ValueError(f"read timeout must be > 0 seconds, got {wait}")
-    return {"limit_concurrency": cap, "http": _guarded_h11(wait)}
+    return {
+        "limit_concurrency": cap,
+        "http": _guarded_h11(wait),
+        "timeout_keep_alive": DEFAULT_KEEP_ALIVE_S,
+    }
 
 
 @contextmanager

@@ -100,11 +100,17 @@ def test_render_states_each_time_with_its_date_and_machine_and_a_stale_block_is_
                                                    "2026-12-02T01:00:00+00:00",
                                                    "machine": MACHINE}}}}  # fmt: skip
     summary = T.render_summary(record, ["a", "b"])
-    assert "| `./reproduce.sh test` (ruff + pytest) | 24.6 min | 2026-12-03, 2 cores" in summary
+    assert "| `./reproduce.sh test` (ruff + pytest) | 24.6 min | - | 2026-12-03, 2 cores" in summary
     assert "7.7 GiB, Test CPU" in summary
     # the full mode was never timed end to end: its steps' sum is labelled as such
     assert "not timed end to end" in summary and "1 steps; 1 steps never timed" in summary
-    assert "| `./reproduce.sh --quick` | not measured yet |" in summary
+    assert "| `./reproduce.sh --quick` | not measured yet | 10.0 min |" in summary
+    # a measured mode is held against its budget
+    record["runs"]["quick"] = {"finished": "2026-12-03T19:00:00+00:00", "machine": MACHINE,
+                               "jobs": 2, "total_s": 1500.0, "steps": 2}  # fmt: skip
+    assert "| 25.0 min | 10.0 min: over |" in T.render_summary(record, ["a", "b"])
+    record["runs"]["quick"]["total_s"] = 599.0
+    assert "| 10.0 min | 10.0 min: within |" in T.render_summary(record, ["a", "b"])
     steps = T.render_steps(record, ["a", "b"])
     assert "| `a` | - | 90 s | 2026-12-02, 2 cores" in steps and "| `b` | - | - |" in steps
     doc = "x\n<!-- skv:timings steps -->\nold\n<!-- /skv:timings -->\ny\n"

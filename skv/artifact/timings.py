@@ -45,6 +45,8 @@ PHASES = {
     "ci": "`.ci/run` (all of the above, `--quick`, the paper; clean clone)",
 }
 MODES = {"quick": "`./reproduce.sh --quick`", "full": "`./reproduce.sh`"}
+#: the project's time budgets on the 2-core reference machine (issue 34): a reviewer's evening
+BUDGETS = {"quick": 600.0, "full": 3600.0, "ci": 2700.0}
 #: files whose sentences may state no time of a timed thing outside a generated block
 CHECKED_DOCS = ("README.md", "ARTIFACT.md", "reproduce.sh", ".ci/run")
 CHECKED_GLOBS = ("docs/*.md", "benchmarks/README.md", "notebooks/README.md",
@@ -191,33 +193,44 @@ def _when(rec: Mapping[str, Any]) -> str:
     return str(rec.get("finished", "?"))[:10]
 
 
+def _budget(key: str, seconds: float | None) -> str:
+    if key not in BUDGETS:
+        return "-"
+    b = BUDGETS[key]
+    if seconds is None:
+        return fmt_seconds(b)
+    return f"{fmt_seconds(b)}: {'within' if seconds <= b else 'over'}"
+
+
 def render_summary(record: Mapping[str, Any], steps: Sequence[str]) -> str:
-    """What a reader budgets for: each phase and mode, its time, when and on what."""
-    rows = ["| what | time | measured on |", "|---|---:|---|"]
+    """What a reader budgets for: each phase and mode, its time against the project's budget
+    (:data:`BUDGETS`), when and on what it was measured."""
+    rows = ["| what | time | budget | measured on |", "|---|---:|---|---|"]
     for phase, what in PHASES.items():
         rec = record["phases"].get(phase)
         if rec:
-            rows.append(f"| {what} | {fmt_seconds(rec['seconds'])} | {_when(rec)}, "
+            rows.append(f"| {what} | {fmt_seconds(rec['seconds'])} | "
+                        f"{_budget(phase, rec['seconds'])} | {_when(rec)}, "
                         f"{fmt_machine(rec['machine'])} |")  # fmt: skip
         else:
-            rows.append(f"| {what} | not measured yet | |")
+            rows.append(f"| {what} | not measured yet | {_budget(phase, None)} | |")
     for mode, what in MODES.items():
         run = record["runs"].get(mode)
         timed = record["steps"].get(mode, {})
         if run:
             rows.append(f"| {what}, {run['steps']} steps, `-j {run['jobs']}` | "
-                        f"{fmt_seconds(run['total_s'])} | {_when(run)}, "
-                        f"{fmt_machine(run['machine'])} |")  # fmt: skip
+                        f"{fmt_seconds(run['total_s'])} | {_budget(mode, run['total_s'])} | "
+                        f"{_when(run)}, {fmt_machine(run['machine'])} |")  # fmt: skip
         elif timed:
             total = sum(s["seconds"] for s in timed.values())
             missing = len([s for s in steps if s not in timed])
             note = f"; {missing} steps never timed" if missing else ""
             rows.append(f"| {what}: not timed end to end; its steps one by one add up to | "
-                        f"{fmt_seconds(total)} | {len(timed)} steps{note}, "
-                        f"{_when(min(timed.values(), key=_when))} to "
+                        f"{fmt_seconds(total)} | {_budget(mode, None)} | {len(timed)} steps"
+                        f"{note}, {_when(min(timed.values(), key=_when))} to "
                         f"{_when(max(timed.values(), key=_when))} |")  # fmt: skip
         else:
-            rows.append(f"| {what} | not measured yet | |")
+            rows.append(f"| {what} | not measured yet | {_budget(mode, None)} | |")
     return "\n".join(rows)
 
 

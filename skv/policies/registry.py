@@ -20,6 +20,8 @@ POLICIES: dict[str, str] = {
     "fifo": "skv.policies.fifo:FIFO",
     "lru": "skv.policies.lru:LRU",
     "lfu": "skv.policies.lfu:LFU",
+    "s3fifo": "skv.policies.s3fifo:S3FIFO",
+    "wtinylfu": "skv.policies.wtinylfu:WTinyLFU",
     "size_lru": "skv.policies.size_lru:SizeLRU",
     "gdsf": "skv.policies.gdsf:GDSF",
     "slru": "skv.policies.slru:SLRU",

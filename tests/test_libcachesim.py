@@ -75,10 +75,19 @@ def _lcs_misses(algo: str, keys: list[int], size: int) -> int:
     return misses
 
 
+# arc and sieve too: libCacheSim's ARC and Sieve are checked first on the hand-computed traces
+# of tests/test_policies_arc_sieve.py (its ARC keeps p real, as the paper does)
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize(
-    ("policy", "algo"), [("lru", "LRU"), ("fifo", "FIFO"), ("belady", "Belady")]
+    ("policy", "algo"),
+    [
+        ("lru", "LRU"),
+        ("fifo", "FIFO"),
+        ("belady", "Belady"),
+        ("arc", "ARC"),
+        ("sieve", "Sieve"),
+    ],
 )
 def test_exact_miss_ratio_matches_libcachesim(policy: str, algo: str, size: int, seed: int):
     keys = _keys(seed)

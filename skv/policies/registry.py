@@ -25,6 +25,8 @@ POLICIES: dict[str, str] = {
     "size_lru": "skv.policies.size_lru:SizeLRU",
     "gdsf": "skv.policies.gdsf:GDSF",
     "slru": "skv.policies.slru:SLRU",
+    "arc": "skv.policies.arc:ARC",
+    "sieve": "skv.policies.sieve:Sieve",
     "static_semantic": "skv.policies.static_semantic:StaticSemantic",
     "adaptive_semantic": "skv.policies.adaptive_semantic:AdaptiveSemantic",
     "saecache": "skv.policies.saecache:SAECache",

@@ -8,13 +8,14 @@ end of T1 while ``|T1| > p`` (or ``|T1| == p`` and the miss is a B2 ghost), else
 
 Exactly as in the paper (case numbers are its Fig. 4): a hit moves a block to the MRU end of T2
 (case I); a miss on a B1 / B2 ghost sets ``p = min(p + max(|B2| / |B1|, 1), c)`` / ``p = max(p -
-max(|B1| / |B2|, 1), 0)`` (sizes before the key leaves its ghost list; ``p`` is real, as in the
-paper), runs REPLACE and inserts into T2 (II, III); any other miss trims the ghosts (``|T1| +
-|B1| = c``: drop B1's LRU key and REPLACE, or, when ``|T1| = c``, evict T1's LRU block with no
-ghost; else, when all four lists hold ``2c``, drop B2's LRU key and REPLACE) and inserts into T1
-(IV). libCacheSim's ``ARC`` (0.3.5, real ``p`` since it was cross-checked against a reference
-implementation) is the same algorithm: on a flat trace (one single-block request per access)
-this policy makes its choices exactly (``tests/test_libcachesim.py``).
+max(|B1| / |B2|, 1), 0)`` (sizes before the key leaves its ghost list; ``p`` is real: the ratios
+are not rounded), runs REPLACE and inserts into T2 (II, III); any other miss trims the ghosts
+(``|T1| + |B1| = c``: drop B1's LRU key and REPLACE, or, when ``|T1| = c``, evict T1's LRU block
+with no ghost; else, when all four lists hold ``2c``, drop B2's LRU key and REPLACE) and inserts
+into T1 (IV). libCacheSim's ``ARC`` (0.3.5; it moved from an integer to a real ``p`` after a
+cross-check with another implementation) is the same algorithm: on a flat trace (one
+single-block request per access) this policy makes its choices exactly
+(``tests/test_libcachesim.py``).
 
 What was adapted for prefix trees and the cache's interface:
 
@@ -39,7 +40,9 @@ What was adapted for prefix trees and the cache's interface:
   ``on_insert`` still adapts ``p`` and puts it in T2 (no second eviction).
 - *Capacity* ``c``: learned from the cache, the most blocks resident at any eviction (a
   ``BlockCache`` evicts only when full, so ``c`` is its capacity from the first eviction on;
-  nothing needs ``c`` before it: there are no ghosts yet). No parameters.
+  nothing needs ``c`` before it: there are no ghosts yet). An insert that no eviction preceded
+  (vLLM's pool reuses free uncached blocks first) trims the ghosts to the same bounds.
+  No parameters.
 
 Ordering invariant: within T1 and within T2, the evictable block released least recently goes
 first; ``p`` decides which list REPLACE prefers. Each list is a min-heap of ``(release

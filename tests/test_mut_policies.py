@@ -184,6 +184,8 @@ DEFAULT_PARAMS = {
     "size_lru": {"beta_s": 1.0},
     "gdsf": {"cost": "block_tokens", "size": "1 block"},
     "slru": {"protected_fraction": 0.8, "promote_hits": 1},
+    "arc": {},
+    "sieve": {},
     "sglang_lru": {"touch_on_release": True},
     "sglang_lfu": {"touch_on_release": True},
     "static_semantic": {"weights": PRIOR, "half_life_s": 10.0},

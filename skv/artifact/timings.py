@@ -31,7 +31,7 @@ import platform
 import re
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -202,7 +202,9 @@ def _budget(key: str, seconds: float | None) -> str:
     return f"{fmt_seconds(b)}: {'within' if seconds <= b else 'over'}"
 
 
-def render_summary(record: Mapping[str, Any], steps: Sequence[str]) -> str:
+def render_summary(
+    record: Mapping[str, Any], steps: Sequence[str], engine: Collection[str] = ()
+) -> str:
     """What a reader budgets for: each phase and mode, its time against the project's budget
     (:data:`BUDGETS`), when and on what it was measured."""
     rows = ["| what | time | budget | measured on |", "|---|---:|---|---|"]
@@ -234,8 +236,12 @@ def render_summary(record: Mapping[str, Any], steps: Sequence[str]) -> str:
     return "\n".join(rows)
 
 
-def render_steps(record: Mapping[str, Any], steps: Sequence[str]) -> str:
-    """Every step's latest measured time, quick and full (one row per step)."""
+def render_steps(
+    record: Mapping[str, Any], steps: Sequence[str], engine: Collection[str] = ()
+) -> str:
+    """Every step's latest measured time, quick and full (one row per step), then the sums of
+    the steps that run a real engine (``engine``: they run alone, one at a time) and of the
+    others (two at a time)."""
     rows = ["| step | `--quick` | full | full measured on |", "|---|---:|---:|---|"]
     quick, full = record["steps"].get("quick", {}), record["steps"].get("full", {})
     for name in steps:
@@ -245,13 +251,32 @@ def render_steps(record: Mapping[str, Any], steps: Sequence[str]) -> str:
             f"{fmt_seconds(f['seconds']) if f else '-'} | "
             f"{_when(f) + ', ' + fmt_machine(f['machine']) if f else 'not timed yet'} |"
         )
+    groups = {
+        "engine steps, run alone": [s for s in steps if s in engine],
+        "other steps, two at a time": [s for s in steps if s not in engine],
+    }
+    for label, group in groups.items():
+        if not group:
+            continue
+        sums = []
+        for times in (quick, full):
+            timed = [times[s]["seconds"] for s in group if s in times]
+            sums.append(fmt_seconds(sum(timed)) + ("" if len(timed) == len(group) else
+                        f" ({len(timed)} of {len(group)} timed)") if timed else "-")  # fmt: skip
+        rows.append(f"| sum of the {len(group)} {label} | {sums[0]} | {sums[1]} | |")
     return "\n".join(rows)
 
 
 RENDERERS = {"summary": render_summary, "steps": render_steps}
 
 
-def render_text(text: str, record: Mapping[str, Any], steps: Sequence[str], where: str) -> str:
+def render_text(
+    text: str,
+    record: Mapping[str, Any],
+    steps: Sequence[str],
+    where: str,
+    engine: Collection[str] = (),
+) -> str:
     """``text`` with every generated block replaced by what ``record`` renders."""
     out, pos = [], 0
     for m in BEGIN.finditer(text):
@@ -263,7 +288,7 @@ def render_text(text: str, record: Mapping[str, Any], steps: Sequence[str], wher
             raise ValueError(f"{where}: unknown timings block {name!r} ({', '.join(RENDERERS)})")
         if end < 0:
             raise ValueError(f"{where}: timings block {name!r} has no {END}")
-        out += [text[pos : m.end()], "\n", RENDERERS[name](record, steps), "\n"]
+        out += [text[pos : m.end()], "\n", RENDERERS[name](record, steps, engine), "\n"]
         pos = end
     out.append(text[pos:])
     return "".join(out)
@@ -348,28 +373,38 @@ def checked_files(root: Path = REPO) -> list[Path]:
     return files
 
 
-def check(steps: Sequence[str], root: Path = REPO, record_path: Path | None = None) -> list[str]:
+def check(
+    steps: Sequence[str],
+    root: Path = REPO,
+    record_path: Path | None = None,
+    engine: Collection[str] = (),
+) -> list[str]:
     """Every problem with the docs' times: stale blocks, and times typed by hand (``steps``: the
-    pipeline's step names, in order)."""
+    pipeline's step names, in order; ``engine``: those that run a real engine)."""
     record = load(record_path or root / "experiments" / "timings.json")
     problems = []
     for f in checked_files(root):
         text = f.read_text(encoding="utf-8")
         rel = f.relative_to(root).as_posix()
-        if render_text(text, record, steps, rel) != text:
+        if render_text(text, record, steps, rel, engine) != text:
             problems.append(f"{rel}: a timings block differs from experiments/timings.json "
                             "(python -m skv.artifact.pipeline timings render)")  # fmt: skip
         problems += hand_typed(text, rel)
     return problems
 
 
-def render(steps: Sequence[str], root: Path = REPO, record_path: Path | None = None) -> list[Path]:
+def render(
+    steps: Sequence[str],
+    root: Path = REPO,
+    record_path: Path | None = None,
+    engine: Collection[str] = (),
+) -> list[Path]:
     """Rewrite the generated blocks; return the files that changed."""
     record = load(record_path or root / "experiments" / "timings.json")
     changed = []
     for f in checked_files(root):
         text = f.read_text(encoding="utf-8")
-        new = render_text(text, record, steps, f.relative_to(root).as_posix())
+        new = render_text(text, record, steps, f.relative_to(root).as_posix(), engine)
         if new != text:
             tmp = f.with_name(f.name + ".tmp")
             tmp.write_text(new, encoding="utf-8")

@@ -14,10 +14,11 @@ increments (Caffeine's 10, the paper's reset period W) every counter is halved a
 count halves. The estimate is the minimum over the rows. An optional doorkeeper (``doorkeeper``,
 off as in Caffeine) absorbs each key's first access per period; it is an exact set of keys, a
 Bloom filter without false positives, cleared at every reset. Row indices come from a
-splitmix64 mix of the block key (an int, or the first 8 bytes of a BLAKE2b digest of a bytes
-key) and per-row multiply-shift hashes whose odd multipliers are drawn from ``random.Random(
-seed)``: deterministic across runs and processes. Candidates win only with a strictly higher
-estimate (the paper's rule; Caffeine's random admission of warm candidates against hash flooding
+splitmix64 mix of the block key (the first 8 bytes of a BLAKE2b digest of its bytes; an int
+key's bytes are its 8 little-endian ones, as an engine's pool would carry it) and per-row
+multiply-shift hashes whose odd multipliers are drawn from ``random.Random(seed)``:
+deterministic across runs and processes. Candidates win only with a strictly higher estimate
+(the paper's rule; Caffeine's random admission of warm candidates against hash flooding
 is left out).
 
 The window's overflow is admitted lazily, as libCacheSim's ``WTinyLFU`` does: until the first
@@ -70,9 +71,11 @@ MASK64 = (1 << 64) - 1
 
 
 def key64(key: object) -> int:
-    """A block key as a deterministic 64-bit integer (bytes keys: vLLM's pool)."""
+    """A block key as a deterministic 64-bit integer. An int key hashes as its 8 little-endian
+    bytes, so a key and the bytes an engine's pool carries for it (the vLLM plugin's check sends
+    ``k.to_bytes(8, "little")``) land in the same sketch cells and the policy decides alike."""
     if isinstance(key, int):
-        return key & MASK64
+        key = (key & MASK64).to_bytes(8, "little")
     if isinstance(key, (bytes, bytearray)):
         return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
     return int.from_bytes(hashlib.blake2b(repr(key).encode(), digest_size=8).digest(), "little")

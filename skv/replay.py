@@ -121,6 +121,37 @@ def _compact_totals(trace: CompactTrace) -> TraceTotals:
     return t
 
 
+def flatten(trace: Iterable[RequestBlocks]) -> list[RequestBlocks]:
+    """The trace's block stream as an object cache (libCacheSim) sees it: every block access of
+    every request, in order, becomes its own single-block request whose block starts a chain
+    (``parents`` ``[None]``), so neither pinning (a request holds one block) nor leaf-only
+    eviction (no block has a child in the stream's chains) ever binds. ``skv replay --mode
+    flat``.
+
+    Keys are those of the input (prefix keys when compiled in prefix mode), so the unique
+    blocks, and hence a capacity given as a share of them, are the same as in prefix mode. Each
+    flat request is one whole block: ``tokens`` and ``prompt_tokens`` are ``block_size`` (a
+    partial last block counts as full), so the token hit rate equals the block hit rate and the
+    hit tokens are the hit blocks x block size; only block-level metrics mean anything (no
+    request, session or prefix). Arrival times are the original request's; the semantic type
+    and segment size of each block are kept.
+
+    Memory is one :class:`RequestBlocks` per block access (the flat stream has no shared
+    structure to compress): proportional to the stream's accesses, not to its unique blocks.
+    ``trace`` may be a generator (:func:`skv.blocks.iter_blocks`): it is read once."""
+    flat: list[RequestBlocks] = []
+    append = flat.append
+    for rb in trace:
+        bs = rb.block_size
+        for key, stype, seg in zip(rb.keys, rb.stypes, rb.seg_tokens, strict=True):
+            append(
+                RequestBlocks(
+                    len(flat), rb.arrival_s, [key], [None], [bs], [stype], [seg], None, 0, False, bs
+                )
+            )
+    return flat
+
+
 def replay_one(
     trace: Sequence[RequestBlocks],
     policy: str,

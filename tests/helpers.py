@@ -236,3 +236,42 @@ def json_paths(node: Any, prefix: tuple = ()) -> Iterator[tuple]:
         for i, v in enumerate(node):
             yield (*prefix, i)
             yield from json_paths(v, (*prefix, i))
+
+
+#: libCacheSim: next access vtime of an object not requested again
+LCS_NEVER = 1 << 62
+
+
+def flat_trace(keys: Sequence[int]) -> list[RequestBlocks]:
+    """One single-block request per access, each block its own chain root: an object cache's
+    view of ``keys`` (tests/test_libcachesim.py; ``skv replay --mode flat`` builds its
+    equivalent with :func:`skv.replay.flatten`)."""
+    return [
+        RequestBlocks(i, float(i), [key], [None], [1], [0], [1], None, 0, False, 1)
+        for i, key in enumerate(keys)
+    ]
+
+
+def lcs_misses(algo: str, keys: Sequence[int], size: int) -> int:
+    """libCacheSim's ``algo`` (a class of the ``libcachesim`` package, a test-only dependency)
+    driven request by request over ``keys``: objects of size 1, a cache of ``size`` objects,
+    logical time = access index, next-access times filled for Belady. Keys must fit a uint64
+    after +1 (libCacheSim reserves id 0)."""
+    import libcachesim as lcs
+
+    next_access = [LCS_NEVER] * len(keys)
+    seen: dict[int, int] = {}
+    for i in range(len(keys) - 1, -1, -1):
+        next_access[i] = seen.get(keys[i], LCS_NEVER)
+        seen[keys[i]] = i
+    cache = getattr(lcs, algo)(size)
+    misses = 0
+    for i, key in enumerate(keys):
+        req = lcs.Request()
+        req.obj_id = key + 1
+        req.obj_size = 1
+        req.clock_time = i
+        req.next_access_vtime = next_access[i]
+        if not cache.get(req):
+            misses += 1
+    return misses

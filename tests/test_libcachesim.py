@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import LCS_NEVER
+from helpers import flat_trace as _flat_trace
+from helpers import lcs_misses as _lcs_misses
 
-from skv.blocks import RequestBlocks
 from skv.policies.registry import make_cache
 from skv.replay import annotate_next_use
 
@@ -25,7 +27,7 @@ lcs = pytest.importorskip("libcachesim")
 
 N_REQUESTS = 4000
 SIZES = (16, 64, 256)
-NEVER = 1 << 62  # libCacheSim: next access vtime of an object not requested again
+NEVER = LCS_NEVER
 
 
 def _keys(seed: int) -> list[int]:
@@ -35,13 +37,6 @@ def _keys(seed: int) -> list[int]:
     uniform = 400 + rng.integers(0, 3000, N_REQUESTS)
     pick = rng.random(N_REQUESTS) < 0.7
     return np.where(pick, zipf, uniform).tolist()
-
-
-def _flat_trace(keys: list[int]) -> list[RequestBlocks]:
-    return [
-        RequestBlocks(i, float(i), [key], [None], [1], [0], [1], None, 0, False, 1)
-        for i, key in enumerate(keys)
-    ]
 
 
 def _skv_misses(policy: str, keys: list[int], size: int) -> int:
@@ -54,25 +49,6 @@ def _skv_misses(policy: str, keys: list[int], size: int) -> int:
         cache.access(rb, rb.arrival_s)
     assert cache.stats.blocks == len(keys)
     return cache.stats.blocks - cache.stats.hit_blocks
-
-
-def _lcs_misses(algo: str, keys: list[int], size: int) -> int:
-    next_access = [NEVER] * len(keys)
-    seen: dict[int, int] = {}
-    for i in range(len(keys) - 1, -1, -1):
-        next_access[i] = seen.get(keys[i], NEVER)
-        seen[keys[i]] = i
-    cache = getattr(lcs, algo)(size)
-    misses = 0
-    for i, key in enumerate(keys):
-        req = lcs.Request()
-        req.obj_id = key + 1
-        req.obj_size = 1
-        req.clock_time = i
-        req.next_access_vtime = next_access[i]
-        if not cache.get(req):
-            misses += 1
-    return misses
 
 
 # arc and sieve too: libCacheSim's ARC and Sieve are checked first on the hand-computed traces

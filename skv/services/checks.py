@@ -68,8 +68,6 @@ _DROP_HEADERS = frozenset(
 )
 
 
-
-
 def body_read_timeout_from_env() -> float:
     """``SKV_BODY_READ_TIMEOUT_SECONDS`` or :data:`DEFAULT_BODY_READ_TIMEOUT_S`."""
     return env_float("SKV_BODY_READ_TIMEOUT_SECONDS", DEFAULT_BODY_READ_TIMEOUT_S)

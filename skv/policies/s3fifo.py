@@ -47,33 +47,10 @@ from typing import Any
 
 from skv.cache.block import Block
 from skv.cache.policy import Policy
+from skv.policies.block_queue import link_before, sentinel, unlink
 
 SMALL = 0
 MAIN = 1
-
-
-def _sentinel() -> Block:
-    head = Block(None, None, 0, 0, 0, None, 0.0)
-    head.link_prev = head
-    head.link_next = head
-    return head
-
-
-def _append(head: Block, b: Block) -> None:
-    last: Block = head.link_prev
-    b.link_prev = last
-    b.link_next = head
-    last.link_next = b
-    head.link_prev = b
-
-
-def _unlink(b: Block) -> None:
-    prev: Block = b.link_prev
-    nxt: Block = b.link_next
-    prev.link_next = nxt
-    nxt.link_prev = prev
-    b.link_prev = None
-    b.link_next = None
 
 
 class S3FIFO(Policy):
@@ -100,8 +77,8 @@ class S3FIFO(Policy):
         self.move_to_main_threshold = int(move_to_main_threshold)
         self.max_freq = int(max_freq)
         self.capacity_blocks = capacity_blocks
-        self._small = _sentinel()
-        self._main = _sentinel()
+        self._small = sentinel()
+        self._main = sentinel()
         self._n_small = 0  # blocks labelled SMALL (on the list or detached)
         self._n_main = 0
         self._live = 0
@@ -123,11 +100,11 @@ class S3FIFO(Policy):
             self.ghost_admits += 1
             b.pdata = MAIN
             self._n_main += 1
-            _append(self._main, b)
+            link_before(b, self._main)
         else:
             b.pdata = SMALL
             self._n_small += 1
-            _append(self._small, b)
+            link_before(b, self._small)
 
     def on_hit(self, b: Block, now: float) -> None:
         if b.pseq < self.max_freq:
@@ -135,11 +112,11 @@ class S3FIFO(Policy):
 
     def on_unpin(self, b: Block, now: float) -> None:
         if b.link_next is None and not b.n_children:
-            _append(self._main if b.pdata == MAIN else self._small, b)
+            link_before(b, self._main if b.pdata == MAIN else self._small)
 
     def on_leaf(self, b: Block, now: float) -> None:
         if b.link_next is None:
-            _append(self._main if b.pdata == MAIN else self._small, b)
+            link_before(b, self._main if b.pdata == MAIN else self._small)
 
     def on_evict(self, b: Block, now: float) -> None:
         self._live -= 1
@@ -174,9 +151,9 @@ class S3FIFO(Policy):
                 b = b.link_next
             while b is not small:
                 nxt: Block = b.link_next
-                _unlink(b)
+                unlink(b)
                 b.pdata = MAIN
-                _append(main, b)
+                link_before(b, main)
                 b = nxt
             self._n_main += self._n_small - small_cap
             self._n_small = small_cap
@@ -201,14 +178,14 @@ class S3FIFO(Policy):
         b: Block = small.link_next
         while b is not small:
             nxt: Block = b.link_next
-            _unlink(b)
+            unlink(b)
             if b.pseq >= threshold:  # reused in S: on to M, starting over at freq 0
                 b.pdata = MAIN
                 b.pseq = 0
                 self._n_small -= 1
                 self._n_main += 1
                 self.moved_to_main += 1
-                _append(main, b)
+                link_before(b, main)
             elif b.ref == 0 and b.n_children == 0:
                 return b
             # else: pinned or inner: off the list until on_unpin/on_leaf puts it back
@@ -219,10 +196,10 @@ class S3FIFO(Policy):
         main = self._main
         b: Block = main.link_next
         while b is not main:
-            _unlink(b)
+            unlink(b)
             if b.pseq > 0:  # second chance: to the tail, one use spent
                 b.pseq -= 1
-                _append(main, b)
+                link_before(b, main)
             elif b.ref == 0 and b.n_children == 0:
                 return b
             b = main.link_next

@@ -39,48 +39,31 @@ from typing import Any
 
 from skv.cache.block import Block
 from skv.cache.policy import Policy
+from skv.policies.block_queue import link_before, sentinel, unlink
 
 
 class Sieve(Policy):
     name = "sieve"
 
     def __init__(self) -> None:
-        s = Block(None, None, 0, 0, 0, None, 0.0)  # sentinel: s.link_next is the oldest block
-        s.link_prev = s
-        s.link_next = s
-        self._s = s
+        self._s = s = sentinel()  # s.link_next is the oldest block
         self._hand = s  # the next block to examine; the sentinel: start from the oldest
         self.hand_steps = 0  # blocks the hand has examined, over the whole run
 
-    def _link_before(self, b: Block, at: Block) -> None:
-        prev: Block = at.link_prev
-        b.link_prev = prev
-        b.link_next = at
-        prev.link_next = b
-        at.link_prev = b
-
-    def _unlink(self, b: Block) -> None:
-        prev: Block = b.link_prev
-        nxt: Block = b.link_next
-        prev.link_next = nxt
-        nxt.link_prev = prev
-        b.link_prev = None
-        b.link_next = None
-
     def on_insert(self, b: Block, now: float) -> None:
         b.pdata = False
-        self._link_before(b, self._s)  # the newest end
+        link_before(b, self._s)  # the newest end
 
     def on_hit(self, b: Block, now: float) -> None:
         b.pdata = True
 
     def on_unpin(self, b: Block, now: float) -> None:
         if b.link_next is None and not b.n_children:
-            self._link_before(b, self._hand)  # just behind the hand
+            link_before(b, self._hand)  # just behind the hand
 
     def on_leaf(self, b: Block, now: float) -> None:
         if b.link_next is None:
-            self._link_before(b, self._hand)
+            link_before(b, self._hand)
 
     def victim(self) -> Block | None:
         s = self._s
@@ -94,12 +77,12 @@ class Sieve(Policy):
                     return None
             nxt: Block = b.link_next
             if b.ref or b.n_children:  # out of the queue until it is evictable again
-                self._unlink(b)
+                unlink(b)
             elif b.pdata:
                 b.pdata = False
             else:
                 self._hand = nxt
-                self._unlink(b)
+                unlink(b)
                 return b
             b = nxt
 
@@ -107,7 +90,7 @@ class Sieve(Policy):
         if b.link_next is not None:  # not the block victim() gave (a pool's fallback)
             if self._hand is b:
                 self._hand = b.link_next
-            self._unlink(b)
+            unlink(b)
 
     def metrics(self) -> dict[str, float]:
         return {"hand_steps": float(self.hand_steps)}

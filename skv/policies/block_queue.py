@@ -1,7 +1,7 @@
 """A circular doubly linked queue threaded through ``Block.link_prev``/``link_next``, for the
-queue policies in plain Python (``s3fifo``, ``sieve``): O(1) insert and removal anywhere, no
-allocation per block. Invariant: a block is in at most one queue; out of every queue its links
-are ``None``. (``lru`` inlines the same moves, as its compiled hot path needs.)"""
+queue policies in plain Python (``s3fifo``, ``sieve``, ``wtinylfu``): O(1) insert and removal
+anywhere, no allocation per block. Invariant: a block is in at most one queue; out of every
+queue its links are ``None``. (``lru`` inlines the same moves, as its compiled hot path needs.)"""
 
 from __future__ import annotations
 

@@ -62,7 +62,7 @@ from typing import Any
 
 from skv.cache.block import Block
 from skv.cache.policy import Policy
-from skv.policies.s3fifo import _append, _sentinel, _unlink
+from skv.policies.block_queue import link_before, sentinel, unlink
 
 WINDOW = 0
 PROBATION = 1
@@ -173,7 +173,7 @@ class WTinyLFU(Policy):
         self.doorkeeper = bool(doorkeeper)
         self.seed = int(seed)
         self.capacity_blocks = capacity_blocks
-        self._lists = (_sentinel(), _sentinel(), _sentinel())  # window, probation, protected
+        self._lists = (sentinel(), sentinel(), sentinel())  # window, probation, protected
         self._n = [0, 0, 0]  # blocks labelled with each segment (on the list or detached)
         self._live = 0
         self._main_cap = 0
@@ -213,7 +213,7 @@ class WTinyLFU(Policy):
         self._live += 1
         b.pdata = WINDOW
         self._n[WINDOW] += 1
-        _append(self._lists[WINDOW], b)
+        link_before(b, self._lists[WINDOW])
         self._record(b)
 
     def on_hit(self, b: Block, now: float) -> None:
@@ -225,16 +225,16 @@ class WTinyLFU(Policy):
 
     def on_unpin(self, b: Block, now: float) -> None:
         if b.link_next is not None:
-            _unlink(b)
+            unlink(b)
         elif b.n_children:
             return  # detached inner node: on_leaf puts it back
-        _append(self._lists[b.pdata], b)
+        link_before(b, self._lists[b.pdata])
         if b.pdata == PROTECTED and self.sketch is not None:
             self._demote()
 
     def on_leaf(self, b: Block, now: float) -> None:
         if b.link_next is None:
-            _append(self._lists[b.pdata], b)
+            link_before(b, self._lists[b.pdata])
 
     def on_evict(self, b: Block, now: float) -> None:
         self._live -= 1
@@ -246,11 +246,11 @@ class WTinyLFU(Policy):
         prot, prob = self._lists[PROTECTED], self._lists[PROBATION]
         while n[PROTECTED] > self._prot_cap and prot.link_next is not prot:
             b: Block = prot.link_next
-            _unlink(b)
+            unlink(b)
             b.pdata = PROBATION
             n[PROTECTED] -= 1
             n[PROBATION] += 1
-            _append(prob, b)
+            link_before(b, prob)
 
     # -- eviction ------------------------------------------------------------------------------
 
@@ -263,7 +263,7 @@ class WTinyLFU(Policy):
             while b is not head:
                 if b.ref == 0 and b.n_children == 0:
                     return b
-                _unlink(b)  # pinned or inner: back on release / on_leaf
+                unlink(b)  # pinned or inner: back on release / on_leaf
                 b = head.link_next
         return None
 
@@ -279,26 +279,26 @@ class WTinyLFU(Policy):
             if cand is window:
                 mv = self._main_victim()
                 if mv is not None:
-                    _unlink(mv)
+                    unlink(mv)
                 return mv
             if n[PROBATION] + n[PROTECTED] < self._main_cap:  # room in main: no contest
-                _unlink(cand)
+                unlink(cand)
                 cand.pdata = PROBATION
                 n[WINDOW] -= 1
                 n[PROBATION] += 1
-                _append(prob, cand)
+                link_before(cand, prob)
                 continue
             mv = self._main_victim()
             if mv is not None and sketch.estimate(key64(cand.key)) > sketch.estimate(key64(mv.key)):
-                _unlink(cand)  # admitted: to probation's MRU end; the main victim goes
+                unlink(cand)  # admitted: to probation's MRU end; the main victim goes
                 cand.pdata = PROBATION
                 n[WINDOW] -= 1
                 n[PROBATION] += 1
-                _append(prob, cand)
-                _unlink(mv)
+                link_before(cand, prob)
+                unlink(mv)
                 self.admitted += 1
                 return mv
-            _unlink(cand)
+            unlink(cand)
             if cand.ref == 0 and cand.n_children == 0:
                 self.rejected += 1
                 return cand

@@ -252,6 +252,16 @@ def flat_trace(keys: Sequence[int]) -> list[RequestBlocks]:
     ]
 
 
+def skv_misses(policy: str, trace: Sequence[RequestBlocks], size: int) -> int:
+    """Block misses of skv's ``policy`` over ``trace`` at ``size`` blocks (offline policies
+    prepared by :func:`new_cache`)."""
+    cache = new_cache(policy, size, trace)
+    for r in trace:
+        cache.access(r, r.arrival_s)
+    assert cache.stats.blocks == sum(len(r.keys) for r in trace)  # every access counted
+    return cache.stats.blocks - cache.stats.hit_blocks
+
+
 def lcs_misses(algo: str, keys: Sequence[int], size: int) -> int:
     """libCacheSim's ``algo`` (a class of the ``libcachesim`` package, a test-only dependency)
     driven request by request over ``keys``: objects of size 1, a cache of ``size`` objects,

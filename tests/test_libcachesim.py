@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import LCS_NEVER
+from helpers import LCS_NEVER, skv_misses
 from helpers import flat_trace as _flat_trace
 from helpers import lcs_misses as _lcs_misses
 
 from skv.policies.registry import make_cache
-from skv.replay import annotate_next_use
 
 lcs = pytest.importorskip("libcachesim")
 
@@ -40,15 +39,7 @@ def _keys(seed: int) -> list[int]:
 
 
 def _skv_misses(policy: str, keys: list[int], size: int) -> int:
-    trace = _flat_trace(keys)
-    cache = make_cache(policy, size)
-    if policy == "belady":
-        annotate_next_use(trace)
-        cache.prepare(trace)
-    for rb in trace:
-        cache.access(rb, rb.arrival_s)
-    assert cache.stats.blocks == len(keys)
-    return cache.stats.blocks - cache.stats.hit_blocks
+    return skv_misses(policy, _flat_trace(keys), size)
 
 
 # arc and sieve too: libCacheSim's ARC and Sieve are checked first on the hand-computed traces

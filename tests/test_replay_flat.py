@@ -11,12 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import flat_trace, lcs_misses, rb
+from helpers import flat_trace, lcs_misses, rb, skv_misses
 
 from skv.blocks import compile_trace, iter_blocks
 from skv.cli import main
-from skv.policies.registry import make_cache
-from skv.replay import annotate_next_use, flatten, replay_one, resolve_capacities, trace_totals
+from skv.replay import flatten, replay_one, resolve_capacities, trace_totals
 from skv.traces import load_trace, trace_dir
 
 DATA = Path(__file__).parent / "data"
@@ -24,16 +23,6 @@ MOONCAKE_TINY = DATA / "mooncake_tiny.jsonl"
 
 #: three multi-block requests sharing a root: the chains that prefix mode keeps whole
 CHAINS = [[1, 2, 3], [1, 4], [5, 6, 7, 8], [1, 2, 3], [5, 6, 9], [1, 4, 10], [1, 2, 3]]
-
-
-def _misses(policy: str, trace: list, size: int) -> int:
-    cache = make_cache(policy, size)
-    if policy == "belady":
-        annotate_next_use(trace)
-        cache.prepare(trace)
-    for r in trace:
-        cache.access(r, r.arrival_s)
-    return cache.stats.blocks - cache.stats.hit_blocks
 
 
 def test_flatten_is_one_chain_root_request_per_access():
@@ -53,7 +42,7 @@ def test_flat_mode_gives_the_libcachesim_flat_trace(policy, size):
     flat trace over the same key stream (block size and tokens do not enter the choices)."""
     trace = [rb(keys, index=i, arrival_s=float(i)) for i, keys in enumerate(CHAINS)]
     keys = [k for keys in CHAINS for k in keys]
-    assert _misses(policy, flatten(trace), size) == _misses(policy, flat_trace(keys), size)
+    assert skv_misses(policy, flatten(trace), size) == skv_misses(policy, flat_trace(keys), size)
 
 
 def test_prefix_and_flat_differ_where_leaf_only_eviction_binds():
@@ -82,7 +71,7 @@ def test_cli_flat_mode_records_the_mode_and_matches_flatten(tmp_path, capsys):
         assert row["token_hit_rate"] == row["block_hit_rate"]
         assert row["hit_tokens"] == row["hit_blocks"] * bs
         size = row["capacity_blocks"]
-        assert row["block_accesses"] - row["hit_blocks"] == _misses(
+        assert row["block_accesses"] - row["hit_blocks"] == skv_misses(
             row["policy"], flat_trace(keys), size
         )
     prefix = tmp_path / "prefix"

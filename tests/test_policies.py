@@ -4,6 +4,7 @@ invariants every registered radix policy must keep (capacity, pinning, leaf-only
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 
 import pytest
 from helpers import RADIX_POLICIES, require_policy
@@ -301,6 +302,18 @@ def _tree_trace(seed: int, n: int = 300) -> list[RequestBlocks]:
     return trace
 
 
+def _leased_replay(cache: BlockCache, seed: int) -> Iterator[RequestBlocks]:
+    """Play :func:`_tree_trace` with up to 4 requests in flight, releasing a random one at a
+    time (seeded); yields each request once its releases are done."""
+    rng = random.Random(seed)
+    in_flight = []
+    for rb in _tree_trace(seed):
+        in_flight.append(cache.acquire(rb, rb.arrival_s))
+        while len(in_flight) > 3 or (in_flight and rng.random() < 0.4):
+            cache.release(in_flight.pop(rng.randrange(len(in_flight))), rb.arrival_s)
+        yield rb
+
+
 def _check_capacity_and_pinning(policy: str, params: dict | None, seed: int, cap: int) -> None:
     trace = _tree_trace(seed)
     cache = make_cache(policy, cap, params, record_evictions=True)
@@ -402,12 +415,8 @@ def test_lazy_heap_evicts_exactly_like_an_eager_heap(policy: str):
         logs = []
         for pol in (cls(), _EagerTwin(cls())):
             cache = BlockCache(cap, pol, record_evictions=True)
-            rng = random.Random(seed)
-            in_flight = []
-            for rb in _tree_trace(seed):
-                in_flight.append(cache.acquire(rb, rb.arrival_s))
-                while len(in_flight) > 3 or (in_flight and rng.random() < 0.4):
-                    cache.release(in_flight.pop(rng.randrange(len(in_flight))), rb.arrival_s)
+            for _ in _leased_replay(cache, seed):
+                pass
             logs.append(cache.eviction_log)
         assert len(logs[0]) > 50
         assert logs[0] == logs[1]

@@ -4,12 +4,10 @@ pinning. Their equality with libCacheSim on longer flat traces: tests/test_libca
 
 from __future__ import annotations
 
-import random
-
 import pytest
 from helpers import check_tree
 from helpers import rb as chain_request
-from test_policies import _tree_trace, cached, one, play
+from test_policies import _leased_replay, cached, one, play
 
 from skv.policies.registry import make_cache
 
@@ -123,12 +121,7 @@ def test_arc_bounds_hold_under_pinning(seed: int):
     cap = 10
     cache = make_cache("arc", cap)
     pol = cache.policy
-    rng = random.Random(seed)
-    in_flight = []
-    for rb in _tree_trace(seed):
-        in_flight.append(cache.acquire(rb, rb.arrival_s))
-        while len(in_flight) > 3 or (in_flight and rng.random() < 0.4):
-            cache.release(in_flight.pop(rng.randrange(len(in_flight))), rb.arrival_s)
+    for _ in _leased_replay(cache, seed):
         assert pol.n1 + pol.n2 == len(cache)
         assert sum(b.pdata == 1 for b in cache.blocks.values()) == pol.n1
         if pol.c:

@@ -290,21 +290,18 @@ class Service:
 
 
 def wait_healthy(svc: Service, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if httpx.get(svc.url + "/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if not svc.alive():
-            raise RuntimeError(svc.failed_start())
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{svc.name} not healthy within {timeout_s:.0f} s")
-        time.sleep(0.1)
+    """:func:`wait_healthy_async` from synchronous code (start-up, before the load runs)."""
+
+    async def go() -> None:
+        async with httpx.AsyncClient() as client:
+            await wait_healthy_async(client, svc, timeout_s)
+
+    asyncio.run(go())
 
 
 async def wait_healthy_async(client: httpx.AsyncClient, svc: Service, timeout_s: float) -> None:
+    """Poll ``/health`` until 200; raises with the log's tail if the service exits, or at
+    ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:

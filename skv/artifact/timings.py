@@ -31,7 +31,7 @@ import platform
 import re
 import sys
 import time
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,12 +98,16 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
-def write_json(path: Path, data: Mapping[str, Any]) -> None:
+def write_text(path: Path, text: str) -> None:
     """Whole or not at all: a reader never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
+
+
+def write_json(path: Path, data: Mapping[str, Any]) -> None:
+    write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 def mark(phase: str, start: float, build: Path, **extra: Any) -> dict[str, Any]:
@@ -377,6 +381,18 @@ def checked_files(root: Path = REPO) -> list[Path]:
     return files
 
 
+def _rendered(
+    steps: Sequence[str], root: Path, record_path: Path | None, engine: Collection[str]
+) -> Iterator[tuple[Path, str, str, str]]:
+    """Each checked doc: its path, its name under ``root``, its text, and that text with the
+    generated blocks rendered from the record."""
+    record = load(record_path or root / "experiments" / "timings.json")
+    for f in checked_files(root):
+        text = f.read_text(encoding="utf-8")
+        rel = f.relative_to(root).as_posix()
+        yield f, rel, text, render_text(text, record, steps, rel, engine)
+
+
 def check(
     steps: Sequence[str],
     root: Path = REPO,
@@ -385,12 +401,9 @@ def check(
 ) -> list[str]:
     """Every problem with the docs' times: stale blocks, and times typed by hand (``steps``: the
     pipeline's step names, in order; ``engine``: those that run a real engine)."""
-    record = load(record_path or root / "experiments" / "timings.json")
     problems = []
-    for f in checked_files(root):
-        text = f.read_text(encoding="utf-8")
-        rel = f.relative_to(root).as_posix()
-        if render_text(text, record, steps, rel, engine) != text:
+    for _, rel, text, rendered in _rendered(steps, root, record_path, engine):
+        if rendered != text:
             problems.append(f"{rel}: a timings block differs from experiments/timings.json "
                             "(python -m skv.artifact.pipeline timings render)")  # fmt: skip
         problems += hand_typed(text, rel)
@@ -404,15 +417,10 @@ def render(
     engine: Collection[str] = (),
 ) -> list[Path]:
     """Rewrite the generated blocks; return the files that changed."""
-    record = load(record_path or root / "experiments" / "timings.json")
     changed = []
-    for f in checked_files(root):
-        text = f.read_text(encoding="utf-8")
-        new = render_text(text, record, steps, f.relative_to(root).as_posix(), engine)
-        if new != text:
-            tmp = f.with_name(f.name + ".tmp")
-            tmp.write_text(new, encoding="utf-8")
-            os.replace(tmp, f)
+    for f, _, text, rendered in _rendered(steps, root, record_path, engine):
+        if rendered != text:
+            write_text(f, rendered)
             changed.append(f)
     return changed
 

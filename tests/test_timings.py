@@ -38,6 +38,8 @@ def test_the_docs_state_no_time_by_hand_and_their_blocks_match_the_record():
         "- the engine venv: ~2 minutes\n",
         "The full run: 839 s with two jobs.\n",
         "Then `fig_cacheroute_qps` took 321 s on the idle VM.\n",
+        # a step whose name holds a parameter word ("gap") is still a step
+        "`fig_claude_code_session_gap` took 575 s on a shared VM.\n",
         "| step | status | seconds |\n|---|---|---:|\n| fig_policy_comparison | ran | 6.1 |\n",
         "```bash\n./reproduce.sh test   # lint + tests (~10 min)\n```\n",
     ],

@@ -155,6 +155,7 @@ def domains() -> list[tuple[str, list[Register]]]:
     """Each domain's title for ``skv --help`` and the ``register`` functions of its cli modules."""
     from skv.artifact import cli as artifact_cli
     from skv.experiments import cli as experiments_cli
+    from skv.experiments.leaderboard.cli import register as register_leaderboard
     from skv.experiments.replay.cli import register as register_replay
     from skv.services import cli as services_cli
     from skv.traces import cli as traces_cli
@@ -162,7 +163,10 @@ def domains() -> list[tuple[str, list[Register]]]:
 
     return [
         ("install", [register_check]),
-        ("traces and cache-only replay", [traces_cli.register, register_replay]),
+        (
+            "traces and cache-only replay",
+            [traces_cli.register, register_replay, register_leaderboard],
+        ),
         ("serving simulation", [experiments_cli.register, services_cli.register_collect]),
         ("paper pipeline", [artifact_cli.register]),
         ("services (servers bind 127.0.0.1)", [services_cli.register]),

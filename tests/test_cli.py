@@ -205,7 +205,8 @@ def test_help_lists_the_commands_by_domain_and_hides_the_old_spellings(capsys):
     at = [out.index(f"\n  {t}\n") for t in titles]
     assert at == sorted(at)
     listed = re.findall(r"^    ([a-z-]+)  ", out, re.M)
-    commands = ["check", "traces", "replay", "shadow", "run", "run-all", "collect-mock", "pipeline"]
+    commands = ["check", "traces", "replay", "shadow", "leaderboard", "run", "run-all"]
+    commands += ["collect-mock", "pipeline"]
     assert listed == [*commands, "services", "vllm"]
     assert "skv serve-mock|proxy|router|sim-api|demo-router" in out
 

@@ -110,7 +110,7 @@ def test_equal_budget_and_the_choice_equals_an_independent_replay():
     cfg = tiny()
     cand = tuning.candidates(cfg)
     assert list(cand["slru"]) == ["default", "grid1", "grid2"] and cand["lru"] == {"default": {}}
-    chosen, runs = tuning.tune(cfg, jobs=1)
+    chosen, runs = study.tune(cfg, jobs=1)
     assert set(runs["policy"]) == {"slru"}  # nothing else has settings to try
     trace = compile_trace(make_workload("tool_agent", num_requests=80, seed=7), 16)
     totals = trace_totals(trace)
@@ -125,7 +125,7 @@ def test_equal_budget_and_the_choice_equals_an_independent_replay():
     assert chosen["slru"] == first_best
     rag = {"name": "rag", "params": {"num_requests": 30}}
     other = tiny(traces=[{"label": "o", "workload": rag}])
-    assert tuning.tune(other, jobs=1)[0] == chosen
+    assert study.tune(other, jobs=1)[0] == chosen
 
 
 def test_config_errors_name_the_field(tmp_path):

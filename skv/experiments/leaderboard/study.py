@@ -347,6 +347,23 @@ def markdown(table: pd.DataFrame, title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def tune(config: LeaderboardConfig, *, jobs: int | None = None) -> tuple[dict, pd.DataFrame]:
+    """(policy -> chosen params, the tuning runs): every policy's candidate settings
+    (:func:`skv.experiments.leaderboard.tuning.candidates`) replayed on the tuning traces, the
+    best by :func:`~skv.experiments.leaderboard.tuning.choose`. With no tuning traces every
+    policy keeps its default and the runs are empty."""
+    from skv.experiments.leaderboard.tuning import candidates, choose
+
+    settings = {p: s for p, s in candidates(config).items() if len(s) > 1}
+    chosen: dict[str, dict[str, Any]] = {p: {} for p in config.policy_names}
+    if not config.tuning.traces or not settings:
+        return chosen, pd.DataFrame()
+    todo = cells(config, config.tuning.traces, settings, config.tuning.capacities, ttft=False)
+    runs = run_cells(todo, jobs=jobs, label="leaderboard tuning")
+    chosen.update(choose(runs))
+    return chosen, runs
+
+
 @dataclass
 class Leaderboard:
     """Everything one run produced: per-run rows (with gap shares), their summary, the
@@ -370,8 +387,6 @@ def run(
     """Tune, then evaluate every policy (default and tuned) and the bound on every available
     trace (the config's and ``extra_traces``, e.g. a user's); rank at ``rank_capacities``
     (default: all of the config's)."""
-    from skv.experiments.leaderboard.tuning import tune
-
     traces, missing = available(
         [*config.traces, *extra_traces], required=[t.label for t in extra_traces]
     )

@@ -2,10 +2,12 @@
 ``tuning.budget``, its default counting as one), tried on tuning workloads the leaderboard never
 evaluates on, and keeps the one with the best mean block hit rate there.
 
-Invariants: a policy's candidates are ``[default, *grids[policy]]`` in that order, and a tie keeps
-the earlier one (so a grid that does not help leaves the default); a policy without parameters
-(``lru``, ``fifo``, ``sieve``, ...) has one candidate and nothing to tune. The choice depends
-only on the tuning traces: the evaluation's rows cannot move it.
+The runs themselves are :func:`skv.experiments.leaderboard.study.tune`'s; this module is the
+rule (which settings, which one wins). Invariants: a policy's candidates are
+``[default, *grids[policy]]`` in that order, and a tie keeps the earlier one (so a grid that does
+not help leaves the default); a policy without parameters (``lru``, ``fifo``, ``sieve``, ...)
+has one candidate and nothing to tune. The choice depends only on the tuning traces: the
+evaluation's rows cannot move it.
 """
 
 from __future__ import annotations
@@ -36,21 +38,3 @@ def choose(scores: pd.DataFrame) -> dict[str, dict[str, Any]]:
         best = means.idxmax()  # first of equal maxima
         chosen[policy] = json.loads(d[d["setting"] == best]["params"].iloc[0])
     return chosen
-
-
-def tune(config: LeaderboardConfig, *, jobs: int | None = None) -> tuple[dict, pd.DataFrame]:
-    """(policy -> chosen params, the tuning runs). With no tuning traces every policy keeps its
-    default and the runs are empty."""
-    from skv.experiments.leaderboard.study import cells, run_cells
-
-    settings = {p: s for p, s in candidates(config).items() if len(s) > 1}
-    if not config.tuning.traces or not settings:
-        return {p: {} for p in config.policy_names}, pd.DataFrame()
-    runs = run_cells(
-        cells(config, config.tuning.traces, settings, config.tuning.capacities, ttft=False),
-        jobs=jobs,
-        label="leaderboard tuning",
-    )
-    chosen = {p: {} for p in config.policy_names}
-    chosen.update(choose(runs))
-    return chosen, runs

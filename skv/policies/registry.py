@@ -24,6 +24,8 @@ POLICIES: dict[str, str] = {
     "wtinylfu": "skv.policies.wtinylfu:WTinyLFU",
     "size_lru": "skv.policies.size_lru:SizeLRU",
     "gdsf": "skv.policies.gdsf:GDSF",
+    "pgdsf": "skv.policies.pgdsf:PGDSF",
+    "marconi": "skv.policies.marconi:Marconi",
     "slru": "skv.policies.slru:SLRU",
     "arc": "skv.policies.arc:ARC",
     "sieve": "skv.policies.sieve:Sieve",
@@ -33,6 +35,9 @@ POLICIES: dict[str, str] = {
     "saecache_fixed": "skv.policies.saecache:SAECacheFixed",
     "sglang_lru": "skv.policies.sglang:SGLangLRU",
     "sglang_lfu": "skv.policies.sglang:SGLangLFU",
+    "lhd": "skv.policies.lhd:LHD",
+    "ttl_pin": "skv.policies.ttl_pin:TTLPin",
+    "kvflow": "skv.policies.kvflow:KVFlow",
     "belady": "skv.policies.belady:Belady",
     "vllm": "skv.cache.vllm_pool:VllmBlockPool",
 }

@@ -88,6 +88,22 @@ def test_summary_pairs_seeds_and_ranking_prefers_the_tuned_setting():
     assert "| 1 | `x` | 100.0 | 100.0 |" in study.markdown(table, "T")
 
 
+def test_best_online_competes_with_the_rankings_setting_not_the_better_of_two():
+    """A policy whose default happens to beat its tuned setting on the evaluation runs still
+    competes with its tuned setting (as in the ranking): the claim does not pick on the data."""
+    rows = []
+    for seed, (y_def, y_tuned) in enumerate([(0.9, 0.35), (0.8, 0.25)]):
+        rows += [("t", seed, "5%", "lru", "default", "{}", 0.2, 0.2, 1.0, 0),
+                 ("t", seed, "5%", "belady", "default", "{}", 0.6, 0.6, 1.0, 0),
+                 ("t", seed, "5%", "x", "default", "{}", 0.4, 0.4, 1.0, 0),
+                 ("t", seed, "5%", "y", "default", "{}", y_def, y_def, 1.0, 0),
+                 ("t", seed, "5%", "y", "tuned", '{"a": 1}', y_tuned, y_tuned, 1.0, 0)]  # fmt: skip
+    runs = study.with_gap_share(_runs(rows), "lru", "belady", 1.0)
+    best = study.best_online(runs, "t", ["x", "y"], ["5%"])
+    assert best == ("x", "default", [pytest.approx(0.5), pytest.approx(0.5)])
+    assert study.best_online(runs, "t", ["y"], ["5%"])[:2] == ("y", "tuned")
+
+
 def test_tuning_choice_is_the_best_mean_and_ties_keep_the_default():
     scores = _runs([
         ("a", 0, "5%", "p", "default", "{}", 0.3, 0, 0, 0),

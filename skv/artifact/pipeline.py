@@ -165,6 +165,17 @@ STEPS: dict[str, Step] = {
             needs_traces=("weka_cc", "mooncake/conversation_trace.jsonl"),
         ),
         Step(
+            "fig_policy_leaderboard",
+            "leaderboard",
+            "experiments/leaderboard/policy_leaderboard.yaml",
+            (
+                *_fig("fig_policy_leaderboard"),
+                "tables/policy_leaderboard.csv",
+                "tables/policy_leaderboard.tex",
+            ),
+            optional_traces=("weka_cc", "mooncake/conversation_trace.jsonl"),
+        ),
+        Step(
             "tab_saecache_grid",
             "saecache",
             "experiments/saecache/grid",

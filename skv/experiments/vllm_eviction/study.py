@@ -71,7 +71,7 @@ DEFAULTS: dict[str, Any] = {
     "num_gpu_blocks": 64,
     "max_model_len": 1024,  # below the cache (63 usable blocks of 32), above every prompt
     "max_output_tokens": 1,
-    "policies": ["lru", "static_semantic", "adaptive_semantic", "saecache", "gdsf"],
+    "policies": ["lru", "static_semantic", "adaptive_semantic", "saecache", "gdsf", "arc"],
     "spread_seeds": 5,
     # a second pass under concurrent load (closed loop, this many requests in flight) for these
     # variants: the engine then interleaves requests, the simulation stays sequential; the gap

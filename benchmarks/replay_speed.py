@@ -9,15 +9,19 @@ Baselines on the same key stream: a plain ``OrderedDict`` flat LRU loop (the yar
 targets: skv ``lru`` >= 0.5x, other online policies >= 0.2x) and libCacheSim's C LRU when the
 ``libcachesim`` package is installed. Each stream is compiled to blocks once, outside the timing.
 
-Run: ``python benchmarks/replay_speed.py [--accesses 10000000] [--policies lru fifo ...]``.
+Run: ``python benchmarks/replay_speed.py [--accesses 10000000] [--policies lru fifo ...]
+[--json FILE]``; ``--json`` also writes every row with the command, the date and the machine
+(the docs' speed tables cite such files, ``benchmarks/results/``).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import time
 from collections import OrderedDict
+from pathlib import Path
 
 import numpy as np
 
@@ -75,19 +79,24 @@ def libcachesim_lru(keys: list[int], capacity: int) -> tuple[float, float] | Non
     return len(keys) / (time.perf_counter() - t0), hits / len(keys)
 
 
-def bench_stream(name: str, trace: list[RequestBlocks], capacity: int, policies: list[str]):
+def bench_stream(
+    name: str, trace: list[RequestBlocks], capacity: int, policies: list[str]
+) -> list[dict]:
+    """Time every implementation on one stream; print the table and return its rows."""
     keys = [k for rb in trace for k in rb.keys]
     n = len(keys)
     base_rate, base_hit = ordered_dict_lru(keys, capacity)
     print(f"\n== {name}: {n:,} block accesses, {len(trace):,} requests, capacity {capacity:,}")
     print(f"{'implementation':<24} {'accesses/s':>12} {'x OrderedDict':>14} {'block hit':>10}")
     print(f"{'OrderedDict flat LRU':<24} {base_rate:>12,.0f} {1.0:>14.2f} {base_hit:>10.4f}")
+    rows = [_row(name, n, capacity, "OrderedDict flat LRU", base_rate, base_rate, base_hit)]
     lcs = libcachesim_lru(keys, capacity)
     if lcs is not None:
         print(
             f"{'libCacheSim LRU (C)':<24} {lcs[0]:>12,.0f} {lcs[0] / base_rate:>14.2f} "
             f"{lcs[1]:>10.4f}"
         )
+        rows.append(_row(name, n, capacity, "libCacheSim LRU (C)", lcs[0], base_rate, lcs[1]))
     totals = trace_totals(trace)
     for policy in policies:
         if policy in OFFLINE:
@@ -100,6 +109,22 @@ def bench_stream(name: str, trace: list[RequestBlocks], capacity: int, policies:
             f"{'skv ' + policy:<24} {rate:>12,.0f} {rate / base_rate:>14.2f} "
             f"{row['block_hit_rate']:>10.4f}"
         )
+        rows.append(
+            _row(name, n, capacity, f"skv {policy}", rate, base_rate, row["block_hit_rate"])
+        )
+    return rows
+
+
+def _row(stream, n, capacity, implementation, rate, base_rate, hit) -> dict:
+    return {
+        "stream": stream,
+        "accesses": n,
+        "capacity": capacity,
+        "implementation": implementation,
+        "accesses_per_s": round(rate),
+        "x_ordered_dict": round(rate / base_rate, 3),
+        "block_hit_rate": hit,
+    }
 
 
 def main() -> None:
@@ -111,9 +136,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--policies", nargs="+", default=list(POLICIES))
     ap.add_argument("--skip-mooncake", action="store_true")
+    ap.add_argument("--json", metavar="FILE", help="also write the rows, command and machine")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
+    rows: list[dict] = []
     if not args.skip_mooncake:
         from skv.traces import find_trace, load_trace
 
@@ -124,14 +151,31 @@ def main() -> None:
         else:
             trace = compile_trace(load_trace(path), 512)
             unique = len({k for rb in trace for k in rb.keys})
-            bench_stream(
+            rows += bench_stream(
                 "mooncake conversation", trace, int(unique * args.capacity_frac), args.policies
             )
 
     keys = zipf_stream(args.accesses, args.objects, args.alpha, args.seed)
     trace = flat_trace(keys)
     unique = len(set(keys))
-    bench_stream(f"zipf alpha={args.alpha}", trace, int(unique * args.capacity_frac), args.policies)
+    rows += bench_stream(
+        f"zipf alpha={args.alpha}", trace, int(unique * args.capacity_frac), args.policies
+    )
+    if args.json:
+        from skv._build import build_status
+        from skv.artifact.timings import machine, write_json
+
+        write_json(
+            Path(args.json),
+            {
+                "command": "python benchmarks/replay_speed.py " + " ".join(sys.argv[1:]),
+                "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "machine": machine(),
+                "python": sys.version.split()[0],
+                "compiled": sorted(k for k, v in build_status().items() if v == "compiled"),
+                "rows": rows,
+            },
+        )
 
 
 if __name__ == "__main__":

@@ -166,15 +166,17 @@ def trace(seed, n=700):
     return out
 
 
-def run():
-    fast = {"update_every": 5, "min_gap_samples": 3, "gap_window": 20,
-            "min_gamma_samples": 3, "gamma_window": 15}
-    configs = [
-        ("saecache", fast),
-        ("saecache", {**fast, "position_levels": 3, "promote_hits": 2}),
-        ("saecache", {}),
-        ("saecache_fixed", {"gamma": 0.6, "mu": {"chat": 1.0, "agentic": 3.0}, "sigma": 0.4}),
-    ]
+FAST = {"update_every": 5, "min_gap_samples": 3, "gap_window": 20, "min_gamma_samples": 3,
+        "gamma_window": 15}
+SAECACHE = [
+    ("saecache", FAST),
+    ("saecache", {**FAST, "position_levels": 3, "promote_hits": 2}),
+    ("saecache", {}),
+    ("saecache_fixed", {"gamma": 0.6, "mu": {"chat": 1.0, "agentic": 3.0}, "sigma": 0.4}),
+]
+
+
+def run(configs=SAECACHE):
     rows = []
     for seed, (name, params) in enumerate(configs):
         cache = make_cache(name, 30, params, record_evictions=True)
@@ -210,6 +212,48 @@ def test_saecache_pure_python_fallback_is_bit_identical_on_every_queue(tmp_path)
     assert last["alpha_updates"] > 10 and last["weight_updates"] > 10
     assert last["gap_samples_chat"] >= 3 and last["gap_samples_agentic"] >= 3
     assert last["mu_chat"] != 2.28 and last["mu_agentic"] != 2.28 and last["gamma"] != 1.0
+
+
+# The literature's policies (issue 31) read what the tree trace lacks as well: ttl_pin and kvflow
+# act on sessions and tool calls only (on the tree trace they are exactly LRU), lhd learns per
+# semantic type, marconi tunes alpha online. So each is also compared on saecache's session
+# trace, with parameters that make its learner move within 700 requests.
+FRONTIER = [
+    ("ttl_pin", {}),
+    ("ttl_pin", {"initial_ttl_s": 5.0, "gap_window": 7, "ttl_quantile": 0.5}),
+    ("ttl_pin", {"all_sessions": True, "max_sessions": 4, "gap_window": 3}),
+    ("kvflow", {}),
+    ("kvflow", {"prior": False, "age_out": 1.5}),
+    ("kvflow", {"age_out": float("inf"), "ewma_alpha": 0.3, "max_sessions": 5}),
+    ("pgdsf", {"attn_crossover": 8.0}),
+    ("lhd", {"reconfigure_interval": 256}),
+    ("lhd", {"reconfigure_interval": 64, "associativity": 4}),
+    ("marconi", {}),
+    ("marconi", {"bootstrap_multiplier": 1, "refresh_fraction": 0.5, "attn_crossover": 8.0}),
+    ("marconi", {"tune": False, "alpha": 1.0}),
+    ("arc", {}),
+    ("s3fifo", {}),
+    ("sieve", {}),
+    ("wtinylfu", {}),
+]
+
+
+def test_frontier_policies_pure_python_fallback_is_bit_identical_on_sessions(tmp_path):
+    script = (
+        "from skv._build import build_status\n"
+        'assert set(build_status().values()) == {"python"}, build_status()\n'
+        + SAECACHE_RUN
+        + f"print(json.dumps(run(json.loads({json.dumps(FRONTIER)!r}))))\n"  # keeps inf
+    )
+    fallback = _run_pure_python(tmp_path, script)
+    namespace: dict = {}
+    exec(SAECACHE_RUN, namespace)
+    here = json.dumps(namespace["run"](FRONTIER))
+    rows = json.loads(here)
+    for (name, params), got, want in zip(FRONTIER, json.loads(fallback), rows, strict=True):
+        assert got == want, (name, params)
+    assert all(len(r["evictions"]) > 100 for r in rows)
+    assert fallback.strip() == here
 
 
 # The serving simulator and the routers are compiled too: a small cluster run per router and

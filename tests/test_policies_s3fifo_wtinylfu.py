@@ -164,3 +164,19 @@ def test_an_int_key_and_the_bytes_an_engine_carries_for_it_hash_alike():
     for k in (0, 1, 12345, 2**63 + 7):
         assert key64(k) == key64(k.to_bytes(8, "little"))
     assert key64(1) != key64(2)
+
+
+def test_key64_of_an_int_is_hashlibs_blake2b_of_its_bytes_also_compiled():
+    """Compiled, key64 hashes an int key with its own BLAKE2b of one word: it must equal
+    hashlib's digest of the key's 8 little-endian bytes (and of those bytes as a key), at the
+    edges of the 64-bit range too, or engine and simulator would count in different cells."""
+    import hashlib
+    import random
+
+    rng = random.Random(3)
+    keys = [0, 1, 2**63 - 1, 2**63, 2**64 - 1, 2**64, -1, -(2**63), True]
+    keys += [rng.getrandbits(64) for _ in range(2000)] + [rng.randrange(10**6) for _ in range(500)]
+    for k in keys:
+        raw = (int(k) & (2**64 - 1)).to_bytes(8, "little")
+        want = int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little")
+        assert key64(k) == want == key64(raw), k

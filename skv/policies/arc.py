@@ -25,11 +25,11 @@ What was adapted for prefix trees and the cache's interface:
   children) of the list it prefers; if that list has none, the other list's (the victim's key
   then goes to the ghost list of the list it came from). ``|T1|`` and ``|T2|`` count every
   resident block, pinned or not, so ``p`` keeps its meaning.
-- *Ghosts*: the policy keeps its own B1 and B2 (ordered dicts of keys, LRU first), not the
-  cache's ghost list: ARC needs two lists, each trimmed by ARC's own rules (together at most
-  ``2c`` keys with the resident ones), and needs to know at eviction time whether the key
-  being inserted is a ghost, which the cache tells a policy only after the eviction
-  (``on_ghost_hit``). So ``uses_ghost_list`` stays False.
+- *Ghosts*: the policy keeps its own B1 and B2 (ordered sets of keys, LRU first: ``KeyQueue``
+  of ``policies/block_queue.py``), not the cache's ghost list: ARC needs two lists, each
+  trimmed by ARC's own rules (together at most ``2c`` keys with the resident ones), and needs to
+  know at eviction time whether the key being inserted is a ghost, which the cache tells a
+  policy only after the eviction (``on_ghost_hit``). So ``uses_ghost_list`` stays False.
 - *The key being inserted*: the cache evicts before it inserts and does not say for which key,
   so the policy follows the request: ``on_request`` points at its first block, each hit or
   insert advances the pointer, and ``victim()`` reads the key there. This is exact in a
@@ -45,12 +45,14 @@ What was adapted for prefix trees and the cache's interface:
   No parameters.
 
 Ordering invariant: within T1 and within T2, the evictable block released least recently goes
-first; ``p`` decides which list REPLACE prefers. Each list is a min-heap of ``(release
-sequence, block)`` with at most one entry per block: a pinned or non-leaf block met at the top
-leaves the heap and comes back on release or ``on_leaf`` (a returning leaf keeps its old
-sequence, so its place is exact); an entry whose block was released since is re-keyed when it
-reaches the top; an entry whose block moved to T2 or was evicted is dropped there, and the heap
-is rebuilt when such entries outnumber live blocks.
+first; ``p`` decides which list REPLACE prefers. Each list is a min-heap of blocks keyed by
+release sequence (a ``KeyHeap``, ``policies/base.py``) with at most one entry per block: a
+pinned or non-leaf block met at the top leaves the heap and comes back on release or
+``on_leaf`` (a returning leaf keeps its old sequence, so its place is exact); an entry whose
+block was released since is re-keyed when it reaches the top; an entry whose block moved to T2
+or was evicted is dropped there, and the heap is rebuilt when such entries outnumber live
+blocks. Keys are unique (a release sequence belongs to one block), so the heap's order is the
+keys' order whatever its layout.
 
 Complexity: O(log n) per release, ``on_leaf`` and eviction (heap operations; each entry is
 pushed once per release or leaf event and popped once), O(1) per hit and ghost operation.
@@ -58,19 +60,21 @@ pushed once per release or leaf event and popped once), O(1) per hit and ghost o
 
 from __future__ import annotations
 
-import heapq
-from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
+
+import cython
 
 from skv.cache.block import Block
 from skv.cache.policy import Policy
+from skv.policies.base import HeapEntry, KeyHeap
+from skv.policies.block_queue import KeyQueue
 
 if TYPE_CHECKING:
     from skv.blocks import RequestBlocks
 
-_GONE = 0  # b.pdata of an evicted block: in neither list
-_T1 = 1
-_T2 = 2
+_GONE = cython.declare(cython.int, 0)  # b.pdata of an evicted block: in neither list
+_T1 = cython.declare(cython.int, 1)
+_T2 = cython.declare(cython.int, 2)
 
 
 class ARC(Policy):
@@ -81,9 +85,10 @@ class ARC(Policy):
         self.c = 0  # cache capacity in blocks, learned at the first eviction
         self.n1 = 0  # resident blocks labelled T1 (b.pdata == 1), pinned or not
         self.n2 = 0
-        self._heaps: tuple[list, list, list] = ([], [], [])  # index 1: T1, 2: T2
-        self.b1: OrderedDict[object, None] = OrderedDict()  # ghost keys, LRU first
-        self.b2: OrderedDict[object, None] = OrderedDict()
+        self._h1 = KeyHeap()  # T1's entries, by release sequence
+        self._h2 = KeyHeap()  # T2's
+        self.b1 = KeyQueue()  # ghost keys, LRU first
+        self.b2 = KeyQueue()
         self._seq = 0
         self._keys: list | None = None  # the current request's keys
         self._cur = -1  # index in _keys of the block the next miss inserts; -1: unknown
@@ -91,6 +96,7 @@ class ARC(Policy):
         self._victim: Block | None = None
         self._evicted = False  # victim() gave a block since the last insert (and kept the bounds)
         self._dest = _GONE  # where the key of the block victim() returned goes: B1, B2 or nowhere
+        self._absent: object = None  # a key victim() found in neither B1 nor B2 (None: none)
 
     # --- following the request (which key is being inserted) ----------------------------------
 
@@ -105,8 +111,8 @@ class ARC(Policy):
         self._pending = None
 
     def _incoming(self) -> object:
-        keys = self._keys
-        cur = self._cur
+        keys: list = self._keys
+        cur: cython.Py_ssize_t = self._cur
         self._cur = -1  # one eviction per insert; a second one before the insert: unknown
         if keys is None or cur < 0 or cur >= len(keys):
             return None
@@ -124,15 +130,18 @@ class ARC(Policy):
             b.pdata = _T2
             self.n2 += 1
             return
-        if key in self.b1:  # a ghost hit the eviction did not know of: adapt p, no REPLACE
-            self._adapt_up()
-            del self.b1[key]
+        # no need to look if victim() found the key in neither ghost list (on_evict, the only
+        # place keys enter them, forgets that when it adds this key)
+        maybe_ghost: cython.bint = self._absent is None or key != self._absent
+        if maybe_ghost and key in self.b1:  # a ghost hit the eviction did not know of: adapt p,
+            self._adapt_up()  # no REPLACE
+            self.b1.remove(key)
             b.pdata = _T2
             self.n2 += 1
             return
-        if key in self.b2:
+        if maybe_ghost and key in self.b2:
             self._adapt_down()
-            del self.b2[key]
+            self.b2.remove(key)
             b.pdata = _T2
             self.n2 += 1
             return
@@ -142,9 +151,9 @@ class ARC(Policy):
         if c and not evicted:  # an insert with no eviction (a BlockCache that has evicted is
             # always full, vLLM's pool may not be): keep ARC's bounds as victim() does
             if self.n1 + len(self.b1) > c and self.b1:
-                self.b1.popitem(last=False)
+                self.b1.pop_oldest()
             if self.n1 + self.n2 + len(self.b1) + len(self.b2) > 2 * c and self.b2:
-                self.b2.popitem(last=False)
+                self.b2.pop_oldest()
 
     def on_hit(self, b: Block, now: float) -> None:
         if self._cur >= 0:
@@ -168,27 +177,45 @@ class ARC(Policy):
 
     def _push(self, b: Block) -> None:
         b.version += 1
-        label = b.pdata
-        heap = self._heaps[label]
-        heapq.heappush(heap, (b.pseq, b))
+        label: cython.int = b.pdata
+        heap: KeyHeap = self._h1 if label == _T1 else self._h2
+        heap.push(0.0, 0.0, b.pseq, b)
         if len(heap) > 2 * (self.n1 if label == _T1 else self.n2) + 64:
-            heap[:] = [(e[1].pseq, e[1]) for e in heap if e[1].pdata == label]
-            heapq.heapify(heap)
+            self._compact(label)
 
-    def _lru(self, label: int) -> Block | None:
+    def _compact(self, label: cython.int) -> None:
+        """Rebuild a heap without its stale entries, each live one keyed by its block's current
+        release sequence (the keys are unique, so the heap pops in the same order)."""
+        old: KeyHeap = self._h1 if label == _T1 else self._h2
+        heap: KeyHeap = KeyHeap()
+        e: HeapEntry
+        b: Block
+        for e in old._items:
+            b = e.b
+            if b.pdata == label:
+                heap.push(0.0, 0.0, b.pseq, b)
+        if label == _T1:
+            self._h1 = heap
+        else:
+            self._h2 = heap
+
+    def _lru(self, label: cython.int) -> Block | None:
         """Take the least recently released evictable block of T1 or T2 out of its heap."""
-        heap = self._heaps[label]
-        while heap:
-            seq, b = heap[0]
+        heap: KeyHeap = self._h1 if label == _T1 else self._h2
+        e: HeapEntry
+        b: Block
+        while len(heap):
+            e = heap.top()
+            b = e.b
             if b.pdata != label:  # moved to T2 or evicted since: a stale entry
-                heapq.heappop(heap)
+                heap.pop()
             elif b.ref or b.n_children:  # back on release / on_leaf
-                heapq.heappop(heap)
+                heap.pop()
                 b.version += 1
-            elif seq != b.pseq:  # released again since: re-key (it sinks)
-                heapq.heapreplace(heap, (b.pseq, b))
+            elif e.seq != b.pseq:  # released again since: re-key (it sinks)
+                heap.replace_top(0.0, 0.0, b.pseq)
             else:
-                heapq.heappop(heap)
+                heap.pop()
                 b.version += 1
                 return b
         return None
@@ -203,8 +230,8 @@ class ARC(Policy):
 
     def _replace(self, in_b2: bool) -> Block | None:
         """REPLACE: the list ``p`` prefers, or the other one when it has no evictable block."""
-        n1 = self.n1
-        first = _T1 if n1 > 0 and (n1 > self.p or (n1 == self.p and in_b2)) else _T2
+        n1: cython.longlong = self.n1
+        first: cython.int = _T1 if n1 > 0 and (n1 > self.p or (n1 == self.p and in_b2)) else _T2
         b = self._lru(first)
         if b is None:
             first = _T2 if first == _T1 else _T1
@@ -213,36 +240,38 @@ class ARC(Policy):
         return b
 
     def victim(self) -> Block | None:
-        live = self.n1 + self.n2
+        live: cython.longlong = self.n1 + self.n2
         if live > self.c:
             self.c = live
-        c = self.c
+        c: cython.longlong = self.c
         x = self._incoming()
-        b: Block | None
+        b: Block
         if x is not None and x in self.b1:  # case II
             self._adapt_up()
             b = self._replace(False)
             if b is not None:
-                del self.b1[x]
+                self.b1.remove(x)
                 self._pending = x
         elif x is not None and x in self.b2:  # case III
             self._adapt_down()
             b = self._replace(True)
             if b is not None:
-                del self.b2[x]
+                self.b2.remove(x)
                 self._pending = x
-        elif self.n1 + len(self.b1) >= c:  # case IV.A: |L1| = c
-            if self.n1 < c:
+        else:
+            self._absent = x  # a ghost in neither list (on_insert need not look again)
+            if self.n1 + len(self.b1) >= c:  # case IV.A: |L1| = c
+                if self.n1 < c:
+                    b = self._replace(False)
+                    if b is not None:
+                        self.b1.pop_oldest()
+                else:  # B1 is empty: T1's LRU block goes, remembered nowhere
+                    b = self._lru(_T1)
+                    self._dest = _GONE
+            else:  # case IV.B
                 b = self._replace(False)
-                if b is not None:
-                    self.b1.popitem(last=False)
-            else:  # B1 is empty: T1's LRU block goes, remembered nowhere
-                b = self._lru(_T1)
-                self._dest = _GONE
-        else:  # case IV.B
-            b = self._replace(False)
-            if b is not None and live + len(self.b1) + len(self.b2) >= 2 * c:
-                self.b2.popitem(last=False)
+                if b is not None and live + len(self.b1) + len(self.b2) >= 2 * c:
+                    self.b2.pop_oldest()
         self._victim = b
         self._evicted = b is not None
         return b
@@ -257,10 +286,14 @@ class ARC(Policy):
         elif b.pdata == _T2:
             self.n2 -= 1
         b.pdata = _GONE
-        if dest == _T1:
-            self.b1[b.key] = None
-        elif dest == _T2:
-            self.b2[b.key] = None
+        if dest in (_T1, _T2):
+            key = b.key
+            if self._absent is not None and key == self._absent:
+                self._absent = None  # it becomes a ghost now
+            if dest == _T1:
+                self.b1.add(key)
+            else:
+                self.b2.add(key)
 
     # --- reporting ------------------------------------------------------------------------------
 
@@ -268,10 +301,10 @@ class ARC(Policy):
         """T1, T2 (evictable blocks' keys, least recently released first) and B1, B2 (LRU first);
         for tests and debugging: O(n log n)."""
         out: dict[str, list] = {}
-        for name, label in (("T1", _T1), ("T2", _T2)):
-            entries = sorted(
-                {(b.pseq, id(b)): b for _, b in self._heaps[label] if b.pdata == label}.items()
-            )
+        heap: KeyHeap
+        for name, label, heap in (("T1", _T1, self._h1), ("T2", _T2, self._h2)):
+            blocks = [e.b for e in heap._items]
+            entries = sorted({(b.pseq, id(b)): b for b in blocks if b.pdata == label}.items())
             out[name] = [b.key for _, b in entries]
         out["B1"] = list(self.b1)
         out["B2"] = list(self.b2)

@@ -28,7 +28,9 @@ A block whose request carries no ``block_size`` (none in skv's caches) counts bl
 
 from __future__ import annotations
 
-from skv.blocks import DEFAULT_BLOCK_SIZE
+import cython
+
+from skv.blocks import DEFAULT_BLOCK_SIZE, RequestBlocks
 from skv.cache.block import Block
 from skv.sizing import ModelPreset, get_model
 
@@ -46,15 +48,26 @@ def attn_crossover(model: ModelPreset) -> float:
 DEFAULT_ATTN_CROSSOVER: float = attn_crossover(get_model(DEFAULT_MODEL))
 
 
-def recompute_cost(tokens: float, context: float, crossover: float) -> float:
+_DEFAULT_BS = cython.declare(cython.longlong, DEFAULT_BLOCK_SIZE)
+
+
+def recompute_cost(
+    tokens: cython.double, context: cython.double, crossover: cython.double
+) -> cython.double:
     """Prefill cost of ``tokens`` tokens after ``context`` cached ones, in context-free tokens."""
     return tokens * (1.0 + (context + 0.5 * tokens) / crossover)
 
 
-def block_cost(b: Block, crossover: float) -> float:
+def block_cost(b: Block, crossover: cython.double) -> cython.double:
     """``recompute_cost`` of block ``b`` with ``pos * block_size`` tokens before it."""
-    bs = getattr(b.req, "block_size", None) or DEFAULT_BLOCK_SIZE
-    return recompute_cost(b.tokens, b.pos * bs, crossover)
+    req = b.req
+    if type(req) is RequestBlocks:  # every cache's requests: the C field, no attribute lookup
+        rb: RequestBlocks = req
+        bs: cython.longlong = rb.block_size or _DEFAULT_BS
+        return recompute_cost(b.tokens, b.pos * bs, crossover)
+    return recompute_cost(
+        b.tokens, b.pos * (getattr(req, "block_size", None) or DEFAULT_BLOCK_SIZE), crossover
+    )
 
 
 def check_crossover(policy: str, crossover: float) -> float:

@@ -69,6 +69,8 @@ import heapq
 import math
 from typing import TYPE_CHECKING, Any
 
+import cython
+
 from skv.cache.block import Block
 from skv.cache.policy import Policy
 from skv.policies.block_queue import link_before, sentinel, unlink
@@ -76,27 +78,16 @@ from skv.policies.block_queue import link_before, sentinel, unlink
 if TYPE_CHECKING:
     from skv.blocks import RequestBlocks
 
-_AGED = 0  # tiers of the session heap, evicted lowest first (1: the no-session bucket)
-_UNKNOWN = 2
-_PREDICTED = 3
+_AGED = cython.declare(cython.int, 0)  # session heap tiers, lowest first (1: no session)
+_UNKNOWN = cython.declare(cython.int, 2)
+_PREDICTED = cython.declare(cython.int, 3)
 
 
 class _Agent:
-    """One session: its bucket of released blocks and its predicted next arrival."""
+    """One session: its bucket of released blocks and its predicted next arrival (a C struct
+    when compiled, see kvflow.pxd)."""
 
-    __slots__ = (
-        "gap",
-        "head",
-        "in_heap",
-        "key",
-        "last_arrival",
-        "predicted",
-        "tier",
-        "turns",
-        "version",
-    )
-
-    def __init__(self, now: float) -> None:
+    def __init__(self, now: cython.double) -> None:
         self.head = sentinel()  # head.link_next: least recently released
         self.last_arrival = now
         self.gap = math.nan  # EWMA of its own gaps (s); NaN before its second arrival
@@ -111,6 +102,7 @@ class _Agent:
 class KVFlow(Policy):
     name = "kvflow"
 
+    @cython.annotation_typing(False)  # the arguments are checked and converted as plain Python
     def __init__(
         self,
         ewma_alpha: float = 0.5,
@@ -147,7 +139,7 @@ class KVFlow(Policy):
 
     # --- sessions and their predictions ----------------------------------------------------
 
-    def on_request(self, rb: RequestBlocks, now: float) -> None:
+    def on_request(self, rb: RequestBlocks, now: cython.double) -> None:
         if now > self._now:
             self._now = now
         self._cur_rb = rb
@@ -155,16 +147,18 @@ class KVFlow(Policy):
         if session is None:
             self._cur = self._none
             return
-        agents = self._agents
-        a = agents.pop(session, None)
+        agents: dict = self._agents
+        a: _Agent = agents.pop(session, None)
         if a is None:
             a = _Agent(now)
         elif a.turns:
-            gap = max(0.0, now - a.last_arrival)
-            al = self.ewma_alpha
+            gap: cython.double = now - a.last_arrival
+            if not gap > 0.0:  # max(0.0, gap), as Python's max picks it
+                gap = 0.0
+            al: cython.double = self.ewma_alpha
             a.gap = gap if a.turns == 1 else al * gap + (1.0 - al) * a.gap
-            pa = self.prior_alpha
-            g = self.prior_gap_s
+            pa: cython.double = self.prior_alpha
+            g: cython.double = self.prior_gap_s
             self.prior_gap_s = gap if g != g else pa * gap + (1.0 - pa) * g
         a.turns += 1
         a.last_arrival = now
@@ -174,7 +168,7 @@ class KVFlow(Policy):
             del agents[next(iter(agents))]
         self._cur = a
 
-    def on_extend(self, rb: RequestBlocks, now: float) -> None:
+    def on_extend(self, rb: RequestBlocks, now: cython.double) -> None:
         if now > self._now:
             self._now = now
         self._cur_rb = rb
@@ -183,7 +177,7 @@ class KVFlow(Policy):
 
     def _predict(self, a: _Agent) -> None:
         """Re-key ``a`` after an arrival: its predicted next arrival and its ageing time."""
-        gap = a.gap
+        gap: cython.double = a.gap
         if gap != gap and self.prior:
             gap = self.prior_gap_s
         if gap != gap:  # no gap of its own, no prior
@@ -196,7 +190,7 @@ class KVFlow(Policy):
             a.key = -a.predicted
             if self.age_out != math.inf:
                 self._seq += 1
-                when = a.last_arrival + self.age_out * gap
+                when: cython.double = a.last_arrival + self.age_out * gap
                 heapq.heappush(self._ageing, (when, self._seq, a.turns, a))
                 if len(self._ageing) > 2 * len(self._agents) + 1024:
                     self._ageing = [e for e in self._ageing if e[2] == e[3].turns]
@@ -212,9 +206,10 @@ class KVFlow(Policy):
             self._heap = [e for e in self._heap if e[3] == e[4].version]
             heapq.heapify(self._heap)
 
-    def _age(self, now: float) -> None:
+    def _age(self, now: cython.double) -> None:
         """Sessions whose ageing time has passed are predicted never to return."""
-        ageing = self._ageing
+        ageing: list = self._ageing
+        a: _Agent
         while ageing and ageing[0][0] < now:
             when, _, turns, a = heapq.heappop(ageing)
             if turns == a.turns and a.tier == _PREDICTED:
@@ -234,13 +229,13 @@ class KVFlow(Policy):
 
     # --- blocks ------------------------------------------------------------------------------
 
-    def on_insert(self, b: Block, now: float) -> None:
+    def on_insert(self, b: Block, now: cython.double) -> None:
         b.pdata = self._agent_of(b.req)
 
-    def on_hit(self, b: Block, now: float) -> None:
+    def on_hit(self, b: Block, now: cython.double) -> None:
         b.pdata = self._cur
 
-    def on_unpin(self, b: Block, now: float) -> None:
+    def on_unpin(self, b: Block, now: cython.double) -> None:
         if now > self._now:
             self._now = now
         if b.link_next is not None:
@@ -254,7 +249,7 @@ class KVFlow(Policy):
             self._in_heap += 1
             self._push(a)
 
-    def on_leaf(self, b: Block, now: float) -> None:
+    def on_leaf(self, b: Block, now: cython.double) -> None:
         if b.link_next is None:
             a: _Agent = b.pdata
             link_before(b, a.head.link_next)
@@ -265,10 +260,17 @@ class KVFlow(Policy):
 
     def victim(self) -> Block | None:
         self._age(self._now)
-        heap = self._heap
-        none_head = self._none.head
+        heap: list = self._heap
+        none_head: Block = self._none.head
+        top: tuple
+        a: _Agent
+        found: Block
         while True:
-            while heap and heap[0][3] != heap[0][4].version:
+            while heap:  # drop stale entries (their session was re-keyed since)
+                top = heap[0]
+                a = top[4]
+                if top[3] == a.version:
+                    break
                 heapq.heappop(heap)
             if not heap or heap[0][0] > _AGED:
                 found = _first_evictable(none_head)
@@ -277,7 +279,8 @@ class KVFlow(Policy):
                     return found
                 if not heap:
                     return None
-            a = heap[0][4]
+            top = heap[0]
+            a = top[4]
             found = _first_evictable(a.head)
             if found is not None:
                 unlink(found)
@@ -286,7 +289,7 @@ class KVFlow(Policy):
             a.in_heap = False
             self._in_heap -= 1
 
-    def on_evict(self, b: Block, now: float) -> None:
+    def on_evict(self, b: Block, now: cython.double) -> None:
         if b.link_next is not None:  # not the block victim() gave (a pool's fallback)
             unlink(b)
         b.pdata = None

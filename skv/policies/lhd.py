@@ -97,9 +97,10 @@ What was adapted for prefix trees and the cache's interface:
   blocks and its traces 10**5-10**7 block accesses, so the default is 2**14 (17
   reconfigurations on the 288,500-access Mooncake conversation trace). Pass 1 << 20 for the
   reference's value.
-- *Histogram length*: the reference's ``MAX_AGE`` is 20000 buckets; this pure-Python policy
-  rebuilds every class's model at each reconfiguration, so ``max_age`` defaults to 1024 (with
-  the same tolerance, buckets are 20x wider: ~10 buckets per cache fill of accesses).
+- *Histogram length*: the reference's ``MAX_AGE`` is 20000 buckets; this policy rebuilds every
+  class's model at each reconfiguration (a cost that counted when it ran as plain Python), so
+  ``max_age`` defaults to 1024 (with the same tolerance, buckets are 20x wider: ~10 buckets per
+  cache fill of accesses).
 - Left out: the reference's size division (every block is one slot of KV memory, so density
   is per block), its warm-up hack (8 candidates for the first 50 reconfigurations), and
   libCacheSim's extra "recently admitted" candidates.
@@ -111,7 +112,11 @@ bonus.
 Complexity: O(1) per insert, hit, pin, release, ``on_leaf`` and eviction record (one RNG draw
 per access for exploration); ``victim()`` is O(associativity) (O(evictable) when fewer);
 a reconfiguration is O(classes x max_age), once every ``reconfigure_interval`` accesses
-(amortised O(classes x max_age / interval) per access).
+(amortised O(classes x max_age / interval) per access). Compiled (:mod:`skv._build`), the
+histograms are C arrays, ``victim()`` makes its draws first and has the sampled blocks' memory
+fetched while it reads them (scattered blocks: its cost is memory latency, not arithmetic), and
+the random numbers come from a C copy of the generator's Mersenne Twister state: the numbers of
+``random.Random(seed).random()``, as in plain Python.
 
 Parameters (defaults, and where they come from):
 
@@ -134,8 +139,11 @@ explorers and the evictable blocks.
 from __future__ import annotations
 
 import random
-from itertools import accumulate
+import sys
+from array import array
 from typing import Any
+
+import cython
 
 from skv.cache.block import Block
 from skv.cache.policy import Policy
@@ -145,25 +153,56 @@ _FEATURES = ("hits", "reuse", "stype", "session")
 _NEG_INF = float("-inf")
 _POS_INF = float("inf")
 
+#: the random generator's 32-bit words drawn at a time (two per ``random()``)
+_RAND_WORDS = 4096
+#: MT19937's constants: state size and shift (words), masks, twist matrix, tempering masks
+_MT_N = 624
+_MT_M = 397
+_MT_UPPER = 0x80000000
+_MT_LOWER = 0x7FFFFFFF
+_MT_MATRIX_A = 0x9908B0DF
+_MT_TEMPER_B = 0x9D2C5680
+_MT_TEMPER_C = 0xEFC60000
+#: the ``array`` type code of the words (``unsigned int``: 32 bits wherever CPython runs)
+_WORD = "I"
+assert array(_WORD).itemsize == 4
 
+
+@cython.annotation_typing(False)  # any sequences, as before
 def hit_density(hits: list[float], evictions: list[float]) -> list[float]:
     """Hit density per age bucket from a class's hit and eviction histograms (the paper's
     backwards recursion; see the module docstring). The last bucket is the overflow bucket:
     it takes part in the sums, its own density is 0 (blocks there are evicted first)."""
-    n = len(hits)
-    events = [h + e for h, e in zip(hits, evictions, strict=True)]
-    hits_left = list(accumulate(reversed(hits)))  # [k]: sum of hits[n-1-k:]
-    events_left = list(accumulate(reversed(events)))
-    lifetime_left = list(accumulate(events_left))
-    density = [
-        th / lt if te > 1e-5 else 0.0
-        for th, te, lt in zip(hits_left, events_left, lifetime_left, strict=True)
-    ]
-    density.reverse()
-    density[n - 1] = 0.0
-    return density
+    h, e = array("d", hits), array("d", evictions)
+    if len(h) != len(e):
+        raise ValueError("hit_density: hits and evictions differ in length")
+    if not h:
+        raise IndexError("hit_density: no age buckets")
+    out = array("d", h)
+    _densities(h, e, out)
+    return out.tolist()
 
 
+def _densities(hits: cython.double[:], evictions: cython.double[:], out: cython.double[:]):
+    """``hit_density`` into ``out`` (all three of the same length >= 1): from the oldest bucket
+    down, the hits to come ``H``, the lifetimes still running ``E`` and their remaining length
+    ``L`` (running sums, added in the same order as ``itertools.accumulate`` would)."""
+    n: cython.Py_ssize_t = len(hits)
+    x: cython.Py_ssize_t
+    h: cython.double
+    hits_left: cython.double = 0.0
+    events_left: cython.double = 0.0
+    lifetime_left: cython.double = 0.0
+    for x in range(n - 1, -1, -1):
+        h = hits[x]
+        hits_left += h
+        events_left += h + evictions[x]
+        lifetime_left += events_left
+        out[x] = hits_left / lifetime_left if events_left > 1e-5 else 0.0
+    out[n - 1] = 0.0
+
+
+@cython.annotation_typing(False)  # Python's arithmetic and errors, as before
 def prior_density(hit_class: int, max_age: int) -> list[float]:
     """The density before anything is learned: ``(1 + h) / (1 + a)`` (the reference's
     initialisation), older is lower; the overflow bucket 0."""
@@ -173,21 +212,44 @@ def prior_density(hit_class: int, max_age: int) -> list[float]:
 
 
 class _Class:
-    """One class's histograms (decayed at each reconfiguration) and its density model."""
+    """One class's histograms (decayed at each reconfiguration) and its density model, as
+    arrays of doubles (C arrays when compiled); ``hits``, ``evictions`` and ``density`` give
+    them as lists."""
 
-    __slots__ = ("cid", "density", "evictions", "hits")
-
-    def __init__(self, cid: int, density: list[float]) -> None:
+    def __init__(self, cid: cython.longlong, density: list) -> None:
         self.cid = cid
         n = len(density)
-        self.hits = [0.0] * n
-        self.evictions = [0.0] * n
-        self.density = density
+        self._hits = array("d", bytes(8 * n))
+        self._evictions = array("d", bytes(8 * n))
+        self._density = array("d", density)
+
+    @property
+    def hits(self) -> list[float]:
+        return _as_list(self._hits)
+
+    @property
+    def evictions(self) -> list[float]:
+        return _as_list(self._evictions)
+
+    @property
+    def density(self) -> list[float]:
+        return _as_list(self._density)
 
     def __repr__(self) -> str:
         return f"LHDClass({self.cid})"
 
 
+if not cython.compiled:
+
+    def _prefetch_object(items: list, i: int) -> None:
+        """Compiled (lhd.pxd), fetches the memory of ``items[i]``'s object into the cache."""
+
+
+def _as_list(values: cython.double[:]) -> list:
+    return [values[i] for i in range(len(values))]
+
+
+@cython.annotation_typing(False)  # Python integers: shifts of any size (rare: a shift change)
 def _rebin(hist: list[float], delta: int) -> list[float]:
     """``hist`` for a shift ``delta`` larger (coarser, > 0) or smaller (finer, < 0); the last
     bucket is the overflow bucket and keeps its mass."""
@@ -221,6 +283,7 @@ def _rebin(hist: list[float], delta: int) -> list[float]:
 class LHD(Policy):
     name = "lhd"
 
+    @cython.annotation_typing(False)  # Python's conversions and errors
     def __init__(
         self,
         *,
@@ -284,12 +347,22 @@ class LHD(Policy):
         self._classes: list[_Class | None] = [None] * n_classes
         self._active: list[_Class] = []  # classes met so far, in order of first use
 
-        self._rng = random.Random(self.seed)
+        self._rng = random.Random(self.seed)  # _uniform() gives its random() numbers
+        if cython.compiled:
+            _seed_words(self, self._rng.getstate()[1])
+        else:  # its words, drawn _RAND_WORDS at a time
+            self._words = array(_WORD, bytes(4 * _RAND_WORDS))
+            self._word = _RAND_WORDS  # the next unused word (all used: draw again)
         self._leaves: list[Block] = []  # the evictable blocks; b.version = index + 1
+        # victim()'s candidates: index in _leaves, last touch, density
+        self._sample_j = array("q")
+        self._sample_t = array("q")
+        self._sample_d = array("d")
         self._clock = 0  # accesses so far (inserts + hits)
         self._next_reconfig = self.reconfigure_interval
         self._reconfigs = 0
         self._shift = 0
+        self._age_shift = 0  # _shift, at most 63: ages are below 2**63, so the same ages
         self._top = self.max_age - 1  # the overflow bucket
         self._resident = 0  # cached blocks (inserted, not evicted)
         self._explorers = 0
@@ -298,9 +371,9 @@ class LHD(Policy):
 
     # --- classes ------------------------------------------------------------------------------
 
-    def _class_of(self, b: Block, reuse: float) -> _Class:
-        cid = 0
-        hc = 0
+    def _class_of(self, b: Block, reuse: cython.double) -> _Class:
+        cid: cython.Py_ssize_t = 0
+        hc: cython.longlong = 0
         if self._by_hits:
             hc = b.hits
             if hc >= self.hit_classes:
@@ -323,13 +396,13 @@ class LHD(Policy):
             self._active.append(cl)
         return cl
 
-    def _reuse_class(self, total: float) -> int:
+    def _reuse_class(self, total: cython.double) -> cython.longlong:
         """The reference's class: about log2(max_age / (last two hit ages)), 0 never hit twice."""
-        top = self.hit_classes - 1
+        top: cython.longlong = self.hit_classes - 1
         if total == 0.0:
             return top
-        c = 0
-        m = self.max_age
+        c: cython.longlong = 0
+        m: cython.longlong = self.max_age
         while total < m and c < top:
             total *= 2
             c += 1
@@ -337,16 +410,17 @@ class LHD(Policy):
 
     def density(self, b: Block) -> float:
         """The block's hit density now (what ``victim()`` compares)."""
-        age = (self._clock - b.pseq) >> self._shift
+        age: cython.longlong = (self._clock - b.pseq) >> self._age_shift
         if age >= self._top:
             return _NEG_INF
-        return b.pdata.density[age] + b.pk2
+        cl: _Class = b.pdata
+        return cl._density[age] + b.pk2
 
     # --- accesses -----------------------------------------------------------------------------
 
     def _explore(self, b: Block) -> None:
         """Roll for exploration (one draw per access, budget or not: a fixed RNG stream)."""
-        if self._rng.random() * self.explore_inverse_probability < 1.0 and (
+        if _uniform(self) * self.explore_inverse_probability < 1.0 and (
             self._explorers + 1 <= self.explore_fraction * self._resident
         ):
             b.pk2 = 1.0
@@ -364,21 +438,22 @@ class LHD(Policy):
         b.pk2 = 0.0
         b.pk1 = 0.0  # the last hit age (the reference's lastHitAge)
         b.pseq = self._clock
-        b.pdata = self._class_of(b, float(self.max_age))
+        b.pdata = self._class_of(b, cython.cast(cython.double, self.max_age))
         self._explore(b)
         self._tick()
 
     def on_hit(self, b: Block, now: float) -> None:
-        age = (self._clock - b.pseq) >> self._shift
+        age: cython.longlong = (self._clock - b.pseq) >> self._age_shift
         if age > self._top:
             age = self._top
-        b.pdata.hits[age] += 1.0  # the class it had
+        cl: _Class = b.pdata
+        cl._hits[age] += 1.0  # the class it had
         if b.pk2:
             b.pk2 = 0.0
             self._explorers -= 1
         b.pseq = self._clock
         b.pdata = self._class_of(b, b.pk1 + age)  # b.hits already counts this hit
-        b.pk1 = float(age)
+        b.pk1 = age
         self._explore(b)
         self._tick()
 
@@ -390,9 +465,9 @@ class LHD(Policy):
             b.version = len(self._leaves)
 
     def _remove(self, b: Block) -> None:
-        i = b.version - 1
-        leaves = self._leaves
-        last = leaves.pop()
+        i: cython.Py_ssize_t = b.version - 1
+        leaves: list = self._leaves
+        last: Block = leaves.pop()
         if last is not b:
             leaves[i] = last
             last.version = i + 1
@@ -412,29 +487,64 @@ class LHD(Policy):
             self._add(b)
 
     def victim(self) -> Block | None:
-        leaves = self._leaves
-        top = self._top
-        shift = self._shift
-        clock = self._clock
-        k = self.associativity
+        leaves: list = self._leaves
+        top: cython.longlong = self._top
+        shift: cython.longlong = self._age_shift
+        clock: cython.longlong = self._clock
+        k: cython.Py_ssize_t = self.associativity
+        n: cython.Py_ssize_t
+        m: cython.Py_ssize_t
+        i: cython.Py_ssize_t
+        j: cython.Py_ssize_t
+        b: Block
+        best: Block
+        cl: _Class
+        age: cython.longlong
+        t: cython.longlong
+        best_i: cython.Py_ssize_t
+        best_t: cython.longlong
+        d: cython.double
+        best_d: cython.double
         while leaves:
             n = len(leaves)
-            if n <= k:
-                sample: list[Block] = leaves  # every evictable block: the exact argmin
-            else:
-                rand = self._rng.random
-                sample = [leaves[int(rand() * n)] for _ in range(k)]
-            best: Block = sample[0]
-            best_d = _POS_INF  # densities are finite or -inf: the first block always wins
-            best_t = 0
-            for b in sample:
+            exact = n <= k  # every evictable block: the exact argmin
+            m = n if exact else k
+            if len(self._sample_j) < m:
+                self._sample_j = array("q", bytes(8 * m))
+                self._sample_t = array("q", bytes(8 * m))
+                self._sample_d = array("d", bytes(8 * m))
+            if not exact:  # the draws first, fetching the blocks' memory in parallel
+                for i in range(m):
+                    j = cython.cast(cython.Py_ssize_t, _uniform(self) * n)
+                    if j >= n:
+                        raise IndexError("list index out of range")
+                    self._sample_j[i] = j
+                    if cython.compiled:
+                        _prefetch_object(leaves, j)
+            for i in range(m):
+                j = i if exact else self._sample_j[i]
+                b = leaves[j]
                 t = b.pseq
                 age = (clock - t) >> shift
-                d = _NEG_INF if age >= top else b.pdata.density[age] + b.pk2
+                if age >= top:
+                    d = _NEG_INF
+                else:
+                    cl = b.pdata
+                    d = cl._density[age] + b.pk2
+                self._sample_j[i] = j
+                self._sample_t[i] = t
+                self._sample_d[i] = d
+            best_i = 0
+            best_d = _POS_INF  # densities are finite or -inf: the first block always wins
+            best_t = 0
+            for i in range(m):
+                d = self._sample_d[i]
+                t = self._sample_t[i]
                 if d < best_d or (d == best_d and t < best_t):
-                    best = b
+                    best_i = i
                     best_d = d
                     best_t = t
+            best = leaves[self._sample_j[best_i]]
             self._remove(best)
             if not best.ref and not best.n_children:
                 return best
@@ -442,8 +552,11 @@ class LHD(Policy):
         return None
 
     def on_evict(self, b: Block, now: float) -> None:
-        age = (self._clock - b.pseq) >> self._shift
-        b.pdata.evictions[age if age < self._top else self._top] += 1.0
+        age: cython.longlong = (self._clock - b.pseq) >> self._age_shift
+        if age > self._top:
+            age = self._top
+        cl: _Class = b.pdata
+        cl._evictions[age] += 1.0
         if b.version:  # not the block victim() gave (a pool's fallback)
             self._remove(b)
         if b.pk2:
@@ -456,24 +569,30 @@ class LHD(Policy):
     def reconfigure(self) -> None:
         """Decay the histograms, adapt the age coarsening, rebuild every class's densities."""
         self._reconfigs += 1
-        decay = self.ewma_decay
+        decay: cython.double = self.ewma_decay
+        cl: _Class
+        i: cython.Py_ssize_t
         for cl in self._active:
-            cl.hits = [h * decay for h in cl.hits]
-            cl.evictions = [e * decay for e in cl.evictions]
+            for i in range(len(cl._hits)):
+                cl._hits[i] = cl._hits[i] * decay
+                cl._evictions[i] = cl._evictions[i] * decay
         self._ewma_n = self._ewma_n * decay + self._resident
         self._ewma_mass = self._ewma_mass * decay + 1.0
-        target = self._ewma_n / self._ewma_mass / (self.coarsening_tolerance * self.max_age)
-        shift = 0
+        target: cython.double = (
+            self._ewma_n / self._ewma_mass / (self.coarsening_tolerance * self.max_age)
+        )
+        shift: object = 0  # a Python integer: 1 << shift of any size
         while (1 << shift) < target:
             shift += 1
-        delta = shift - self._shift
+        delta: object = shift - self._shift
         if delta:
             self._shift = shift
+            self._age_shift = min(shift, 63)
             for cl in self._active:
-                cl.hits = _rebin(cl.hits, delta)
-                cl.evictions = _rebin(cl.evictions, delta)
+                cl._hits = array("d", _rebin(cl.hits, delta))
+                cl._evictions = array("d", _rebin(cl.evictions, delta))
         for cl in self._active:
-            cl.density = hit_density(cl.hits, cl.evictions)
+            _densities(cl._hits, cl._evictions, cl._density)
 
     # --- reporting ----------------------------------------------------------------------------
 
@@ -499,3 +618,63 @@ class LHD(Policy):
             "explore_inverse_probability": self.explore_inverse_probability,
             "seed": self.seed,
         }
+
+
+# --- randomness: the policy's random.Random, drawn faster -------------------------------------
+
+
+def _uniform(p: LHD) -> cython.double:
+    """``p._rng.random()``: the same numbers, made of two 32-bit words of its Mersenne Twister
+    as CPython's ``random()`` makes them. Compiled, the words come from a copy of the
+    generator's state, stepped in C (``_next_word``); in Python, from words drawn in bulk with
+    ``getrandbits``."""
+    a: cython.ulong
+    b: cython.ulong
+    if cython.compiled:
+        a = _next_word(p) >> 5
+        b = _next_word(p) >> 6
+    else:
+        i = p._word
+        if i >= _RAND_WORDS:
+            data = p._rng.getrandbits(32 * _RAND_WORDS).to_bytes(4 * _RAND_WORDS, "little")
+            words = array(_WORD, data)  # the first word drawn is the least significant
+            if sys.byteorder != "little":
+                words.byteswap()
+            p._words = words
+            i = 0
+        a = p._words[i] >> 5
+        b = p._words[i + 1] >> 6
+        p._word = i + 2
+    return (a * 67108864.0 + b) * (1.0 / 9007199254740992.0)
+
+
+def _seed_words(p: LHD, state: tuple) -> None:
+    """Copy a ``random.Random`` state (``getstate()[1]``: 624 words, then the position)."""
+    i: cython.Py_ssize_t
+    for i in range(_MT_N):
+        p._mt[i] = state[i]
+    p._mti = state[_MT_N]
+
+
+def _next_word(p: LHD) -> cython.uint:
+    """The generator's next 32-bit word: MT19937 (``genrand_uint32`` of CPython's
+    ``_randommodule.c``, the reference implementation)."""
+    y: cython.uint
+    kk: cython.Py_ssize_t
+    if p._mti >= _MT_N:  # the next 624 words at once
+        for kk in range(_MT_N - _MT_M):
+            y = (p._mt[kk] & _MT_UPPER) | (p._mt[kk + 1] & _MT_LOWER)
+            p._mt[kk] = p._mt[kk + _MT_M] ^ (y >> 1) ^ (_MT_MATRIX_A if y & 1 else 0)
+        for kk in range(_MT_N - _MT_M, _MT_N - 1):
+            y = (p._mt[kk] & _MT_UPPER) | (p._mt[kk + 1] & _MT_LOWER)
+            p._mt[kk] = p._mt[kk + _MT_M - _MT_N] ^ (y >> 1) ^ (_MT_MATRIX_A if y & 1 else 0)
+        y = (p._mt[_MT_N - 1] & _MT_UPPER) | (p._mt[0] & _MT_LOWER)
+        p._mt[_MT_N - 1] = p._mt[_MT_M - 1] ^ (y >> 1) ^ (_MT_MATRIX_A if y & 1 else 0)
+        p._mti = 0
+    y = p._mt[p._mti]
+    p._mti += 1
+    y ^= y >> 11
+    y ^= (y << 7) & _MT_TEMPER_B
+    y ^= (y << 15) & _MT_TEMPER_C
+    y ^= y >> 18
+    return y

@@ -39,7 +39,11 @@ entry, so ``k_b = (t_max - t_min) * S_b + const``: the heap order is the order o
 the normalisation of the last *refresh*. A refresh measures the ranges over the candidates in
 the heap (``utility(b)`` gives ``S_b`` under them) and re-keys every entry if ``w`` changed (the
 offsets ``t_min``, ``e_min`` never change the order; with ``alpha = 0`` it measures nothing).
-``k_b`` does not depend on ``now``, so nothing drifts between refreshes. With ``alpha = 0``, or
+``k_b`` does not depend on ``now``, so nothing drifts between refreshes. The entries sit in a
+binary heap plus a sorted run: an entry not below the run's last is appended to the run (O(1):
+every release while ``w = 0`` and time advances), any other goes into the heap, and the smaller
+of the run's first and the heap's top pops: the order of one heap. (Compiled, see
+:mod:`skv._build`, the comparisons are on C numbers.) With ``alpha = 0``, or
 every candidate equally deep, ``w = 0`` and the order is release order: ``lru``'s victims.
 
 Complexity: O(1) per insert, hit, pin and request; O(log n) per release and ``on_leaf`` (a heap
@@ -96,10 +100,11 @@ whether it was tuned, and the refreshes so far.
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Iterable
 from typing import Any
+
+import cython
 
 from skv.blocks import RequestBlocks
 from skv.cache.block import Block
@@ -112,9 +117,131 @@ ARTIFACT_ALPHA_GRID: tuple[float, ...] = tuple(round(0.1 * i, 1) for i in range(
 ALPHA_GRID: tuple[float, ...] = ARTIFACT_ALPHA_GRID[::5]
 
 
+# --- the heap: a list of entries ordered by (key, seq, version), as tuples would be, sifted
+# here so that compiled comparisons are on C numbers (no tuples, no heapq) ---------------------
+
+
+@cython.freelist(1024)
+@cython.no_gc  # holds a block, never part of a cycle: no collector bookkeeping
+@cython.cclass
+class _Entry:
+    """One heap entry: ``b`` under the key ``k_b`` it had when the entry was made."""
+
+    def __init__(
+        self, key: cython.double, seq: cython.longlong, version: cython.longlong, b: Block
+    ) -> None:
+        self.key = key
+        self.seq = seq
+        self.version = version
+        self.b = b
+
+    def __repr__(self) -> str:
+        return f"_Entry({self.key!r}, {self.seq}, {self.version}, {self.b!r})"
+
+
+def _entry(key: cython.double, seq: cython.longlong, version: cython.longlong, b: Block) -> _Entry:
+    """``_Entry(...)`` without Python argument parsing (one per release)."""
+    e: _Entry = _Entry.__new__(_Entry)
+    e.key = key
+    e.seq = seq
+    e.version = version
+    e.b = b
+    return e
+
+
+def _before(x: _Entry, y: _Entry) -> cython.bint:
+    """``(x.key, x.seq, x.version) < (y.key, y.seq, y.version)``."""
+    if x.key != y.key:
+        return x.key < y.key
+    if x.seq != y.seq:
+        return x.seq < y.seq
+    return x.version < y.version
+
+
+def _heap_push(heap: list, e: _Entry) -> None:
+    heap.append(e)
+    i: cython.Py_ssize_t = len(heap) - 1
+    j: cython.Py_ssize_t
+    parent: _Entry
+    while i > 0:
+        j = (i - 1) >> 1
+        parent = heap[j]
+        if not _before(e, parent):
+            break
+        heap[i] = parent
+        i = j
+    heap[i] = e
+
+
+def _sift_down(heap: list, i: cython.Py_ssize_t, e: _Entry) -> None:
+    """Put ``e`` at ``i`` and move it down to its place (the subtrees below are heaps)."""
+    n: cython.Py_ssize_t = len(heap)
+    c: cython.Py_ssize_t
+    child: _Entry
+    other: _Entry
+    while True:
+        c = 2 * i + 1
+        if c >= n:
+            break
+        child = heap[c]
+        if c + 1 < n:
+            other = heap[c + 1]
+            if _before(other, child):
+                c += 1
+                child = other
+        if not _before(child, e):
+            break
+        heap[i] = child
+        i = c
+    heap[i] = e
+
+
+def _heap_pop(heap: list) -> _Entry:
+    """Remove and return the smallest entry (``heap`` not empty). The last entry fills the
+    hole by heapq's method: the hole goes down to a leaf along the smaller children (one
+    comparison a level), then the entry moves up to its place (most stay near the bottom)."""
+    top: _Entry = heap[0]
+    last: _Entry = heap.pop()
+    n: cython.Py_ssize_t = len(heap)
+    if n == 0:
+        return top
+    i: cython.Py_ssize_t = 0
+    c: cython.Py_ssize_t = 1
+    j: cython.Py_ssize_t
+    child: _Entry
+    other: _Entry
+    while c < n:
+        child = heap[c]
+        if c + 1 < n:
+            other = heap[c + 1]
+            if _before(other, child):
+                c += 1
+                child = other
+        heap[i] = child
+        i = c
+        c = 2 * i + 1
+    while i > 0:
+        j = (i - 1) >> 1
+        child = heap[j]
+        if not _before(last, child):
+            break
+        heap[i] = child
+        i = j
+    heap[i] = last
+    return top
+
+
+def _heapify(heap: list) -> None:
+    i: cython.Py_ssize_t = len(heap) // 2 - 1
+    while i >= 0:
+        _sift_down(heap, i, heap[i])
+        i -= 1
+
+
 class Marconi(Policy):
     name = "marconi"
 
+    @cython.annotation_typing(False)  # Python's conversions and errors
     def __init__(
         self,
         alpha: float = 0.0,
@@ -135,7 +262,10 @@ class Marconi(Policy):
         self.refresh_fraction = _non_negative("refresh_fraction", refresh_fraction)
         self.attn_crossover = check_crossover(self.name, attn_crossover)
         self._alpha0 = self.alpha
-        self._heap: list[tuple[float, int, int, Block]] = []
+        # the entries: a binary heap plus a sorted run (see the module docstring)
+        self._heap: list[_Entry] = []
+        self._run: list[_Entry] = []
+        self._run_head = 0  # the run's entries before this index are gone
         self._rseq = 0  # releases so far: the tie-breaker
         self._live = 0  # cached blocks
         self._since = math.inf  # evictions since the last refresh (the first eviction refreshes)
@@ -156,9 +286,9 @@ class Marconi(Policy):
 
     def on_request(self, rb: RequestBlocks, now: float) -> None:
         self._requests += 1
-        window = self._window
-        if window is not None:
-            n = len(rb.keys)
+        if self._window is not None:
+            window: list = self._window
+            n: cython.Py_ssize_t = len(rb.keys)
             window.append((rb, n, now))  # a request view only grows (appends) from here
             self._window_blocks += n
             if self._window_size and len(window) >= self._window_size:
@@ -178,14 +308,11 @@ class Marconi(Policy):
 
     def on_unpin(self, b: Block, now: float) -> None:
         b.pk1 = now
-        self._rseq = seq = self._rseq + 1
-        b.pseq = seq
+        self._rseq += 1
+        b.pseq = self._rseq
         if not b.n_children:  # _push, inlined (once per access)
-            b.version = version = b.version + 1
-            heap = self._heap
-            heapq.heappush(heap, (now + self._w * b.pk2, seq, version, b))
-            if len(heap) > 2 * self._live + 4096:
-                self._compact()
+            b.version += 1
+            self._add(_entry(now + self._w * b.pk2, b.pseq, b.version, b))
 
     def on_leaf(self, b: Block, now: float) -> None:
         self._push(b)  # keeps its release time and place
@@ -197,12 +324,14 @@ class Marconi(Policy):
         if self._since >= self.refresh_fraction * self._live:
             self._refresh()
         self._since += 1
-        heap = self._heap
-        while heap:
-            _, _, version, b = heapq.heappop(heap)
-            if version == b.version and b.ref == 0 and b.n_children == 0:
+        e: _Entry = self._pop()
+        b: Block
+        while e is not None:
+            b = e.b
+            if e.version == b.version and b.ref == 0 and b.n_children == 0:
                 b.version += 1
                 return b
+            e = self._pop()
         return None
 
     def on_evict(self, b: Block, now: float) -> None:
@@ -215,15 +344,63 @@ class Marconi(Policy):
         return (b.pk1 - self._t0) / self._rt + self.alpha * (b.pk2 - self._e0) / self._re
 
     def _push(self, b: Block) -> None:
-        b.version = version = b.version + 1
-        heap = self._heap
-        heapq.heappush(heap, (b.pk1 + self._w * b.pk2, b.pseq, version, b))
-        if len(heap) > 2 * self._live + 4096:
+        b.version += 1
+        self._add(_entry(b.pk1 + self._w * b.pk2, b.pseq, b.version, b))
+
+    def _add(self, e: _Entry) -> None:
+        """Add an entry: to the run if it is not below the run's last (O(1); every release
+        while ``w = 0`` and time advances), otherwise to the heap."""
+        run: list = self._run
+        n: cython.Py_ssize_t = len(run)
+        if n == self._run_head or not _before(e, run[n - 1]):
+            run.append(e)
+        else:
+            _heap_push(self._heap, e)
+        if len(self._heap) + len(run) - self._run_head > 2 * self._live + 4096:
             self._compact()
 
+    def _pop(self) -> _Entry | None:
+        """Remove and return the smallest entry, valid or not (``None``: none left): the
+        smaller of the run's first and the heap's top."""
+        heap: list = self._heap
+        run: list = self._run
+        i: cython.Py_ssize_t = self._run_head
+        e: _Entry
+        if i < len(run):
+            e = run[i]
+            if not heap or _before(e, heap[0]):
+                run[i] = None
+                i += 1
+                if i == len(run):
+                    del run[:]
+                    i = 0
+                elif i >= 1024 and 2 * i >= len(run):
+                    del run[:i]
+                    i = 0
+                self._run_head = i
+                return e
+        if heap:
+            return _heap_pop(heap)
+        return None
+
     def _compact(self) -> None:
-        self._heap = [e for e in self._heap if e[2] == e[3].version]
-        heapq.heapify(self._heap)
+        """Drop the entries no longer valid (a block's pin, re-push or eviction voided them)."""
+        e: _Entry
+        live: list = []
+        for e in self._heap:
+            if e.version == e.b.version:
+                live.append(e)
+        _heapify(live)
+        self._heap = live
+        run: list = self._run
+        live = []
+        i: cython.Py_ssize_t
+        for i in range(self._run_head, len(run)):
+            e = run[i]
+            if e.version == e.b.version:
+                live.append(e)
+        self._run = live
+        self._run_head = 0
 
     def _refresh(self) -> None:
         """Measure the candidates' ranges; re-key every live entry if the weight changed."""
@@ -231,21 +408,46 @@ class Marconi(Policy):
         self.refreshes += 1
         if self.alpha == 0.0 and self._w == 0.0:
             return  # w = 0 whatever the ranges: nothing to measure or re-key
-        live = [b for _, _, version, b in self._heap if version == b.version]
+        live: list = []
+        e: _Entry
+        b: Block
+        t_lo: cython.double = 0.0
+        t_hi: cython.double = 0.0
+        e_lo: cython.double = 0.0
+        e_hi: cython.double = 0.0
+        for e in self._heap + self._run[self._run_head :]:
+            b = e.b
+            if e.version == b.version:
+                if not live:
+                    t_lo = t_hi = b.pk1
+                    e_lo = e_hi = b.pk2
+                else:  # min() and max(): the first of equal values stays
+                    if b.pk1 < t_lo:
+                        t_lo = b.pk1
+                    if b.pk1 > t_hi:
+                        t_hi = b.pk1
+                    if b.pk2 < e_lo:
+                        e_lo = b.pk2
+                    if b.pk2 > e_hi:
+                        e_hi = b.pk2
+                live.append(e)
         if live:
-            ts = [b.pk1 for b in live]
-            es = [b.pk2 for b in live]
-            t_lo, t_hi, e_lo, e_hi = min(ts), max(ts), min(es), max(es)
             self._t0, self._e0 = t_lo, e_lo
             if t_hi > t_lo:
                 self._rt = t_hi - t_lo
             if e_hi > e_lo:
                 self._re = e_hi - e_lo
-        w = self.alpha * self._rt / self._re
+        w: cython.double = self.alpha * self._rt / self._re
         if w != self._w:
             self._w = w
-            self._heap = [(b.pk1 + w * b.pk2, b.pseq, b.version, b) for b in live]
-            heapq.heapify(self._heap)
+            for e in live:  # the live entries, re-keyed: the same as new ones
+                b = e.b
+                e.key = b.pk1 + w * b.pk2
+                e.seq = b.pseq
+            _heapify(live)
+            self._heap = live
+            self._run = []
+            self._run_head = 0
 
     # --- tuning -----------------------------------------------------------------------------
 
@@ -257,8 +459,7 @@ class Marconi(Policy):
         recorded, self._window = self._window, None
         if not recorded or self._capacity < 1:
             return
-        costs = {(i * rb.block_size, rb.tokens[i]) for rb, n, _ in recorded for i in range(n)}
-        if len(costs) < 2:
+        if _one_cost(recorded):
             self.tuned = True  # every block costs the same: alpha cannot change a victim
             return
         window = [_prompt_copy(rb, n, now) for rb, n, now in recorded]
@@ -298,6 +499,7 @@ class Marconi(Policy):
         }
 
 
+@cython.annotation_typing(False)  # Python's conversions and errors
 def _prompt_copy(rb: RequestBlocks, n: int, now: float) -> RequestBlocks:
     """What the tuning replays of ``rb``: a copy of its first ``n`` blocks, the ones it had on
     arrival (a vLLM request view grows in place as it decodes; a simulator's request does not),
@@ -331,12 +533,36 @@ def _prompt_copy(rb: RequestBlocks, n: int, now: float) -> RequestBlocks:
     )
 
 
+def _one_cost(recorded: list) -> cython.bint:
+    """Whether every block of the window has the same ``(pos * block_size, tokens)``: the
+    same recompute cost (the scan stops at the first that differs)."""
+    rb: RequestBlocks
+    i: cython.Py_ssize_t
+    n: cython.Py_ssize_t
+    first: cython.bint = True
+    c0: cython.longlong = 0
+    t0: cython.longlong = 0
+    c: cython.longlong
+    t: cython.longlong
+    for rb, n, _ in recorded:
+        for i in range(n):
+            c = i * rb.block_size
+            t = rb.tokens[i]
+            if first:
+                c0, t0, first = c, t, False
+            elif c != c0 or t != t0:
+                return False
+    return True
+
+
+@cython.annotation_typing(False)  # Python's conversions and errors
 def _positive_int(what: str, value: int) -> int:
     if isinstance(value, bool) or int(value) != value or value < 1:
         raise ValueError(f"marconi: {what} must be an integer >= 1, got {value!r}")
     return int(value)
 
 
+@cython.annotation_typing(False)  # Python's conversions and errors
 def _non_negative(what: str, value: float) -> float:
     x = float(value)
     if not 0.0 <= x < math.inf:

@@ -42,12 +42,13 @@ most 3 times per hit, since each pass lowers ``freq`` and hits raise it by one),
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any
+
+import cython
 
 from skv.cache.block import Block
 from skv.cache.policy import Policy
-from skv.policies.block_queue import link_before, sentinel, unlink
+from skv.policies.block_queue import KeyQueue, link_before, sentinel, unlink
 
 SMALL = 0
 MAIN = 1
@@ -56,6 +57,7 @@ MAIN = 1
 class S3FIFO(Policy):
     name = "s3fifo"
 
+    @cython.annotation_typing(False)  # the arguments are checked and converted as plain Python
     def __init__(
         self,
         small_ratio: float = 0.1,
@@ -85,7 +87,7 @@ class S3FIFO(Policy):
         self._main_cap = 0
         self._ghost_cap = 0
         self._started = False  # set at the first eviction
-        self._ghost: OrderedDict[object, None] = OrderedDict()
+        self._ghost = KeyQueue()
         self.moved_to_main = 0
         self.ghost_admits = 0
 
@@ -94,9 +96,9 @@ class S3FIFO(Policy):
     def on_insert(self, b: Block, now: float) -> None:
         self._live += 1
         b.pseq = 0
-        ghost = self._ghost
+        ghost: KeyQueue = self._ghost
         if ghost and b.key in ghost:
-            del ghost[b.key]
+            ghost.remove(b.key)
             self.ghost_admits += 1
             b.pdata = MAIN
             self._n_main += 1
@@ -125,10 +127,10 @@ class S3FIFO(Policy):
         else:
             self._n_small -= 1
             if self._ghost_cap:
-                ghost = self._ghost
+                ghost: KeyQueue = self._ghost
                 if len(ghost) >= self._ghost_cap:
-                    ghost.popitem(last=False)
-                ghost[b.key] = None
+                    ghost.pop_oldest()
+                ghost.add(b.key)
 
     # -- eviction ------------------------------------------------------------------------------
 
@@ -161,7 +163,8 @@ class S3FIFO(Policy):
     def victim(self) -> Block | None:
         if not self._started:
             self._start()
-        small, _main = self._small, self._main
+        small: Block = self._small
+        b: Block
         if self._n_main > self._main_cap or small.link_next is small:
             b = self._evict_main()
             if b is None:
@@ -173,11 +176,13 @@ class S3FIFO(Policy):
         return b
 
     def _evict_small(self) -> Block | None:
-        small, main = self._small, self._main
-        threshold = self.move_to_main_threshold
+        small: Block = self._small
+        main: Block = self._main
+        threshold: cython.longlong = self.move_to_main_threshold
         b: Block = small.link_next
+        nxt: Block
         while b is not small:
-            nxt: Block = b.link_next
+            nxt = b.link_next
             unlink(b)
             if b.pseq >= threshold:  # reused in S: on to M, starting over at freq 0
                 b.pdata = MAIN
@@ -193,7 +198,7 @@ class S3FIFO(Policy):
         return None
 
     def _evict_main(self) -> Block | None:
-        main = self._main
+        main: Block = self._main
         b: Block = main.link_next
         while b is not main:
             unlink(b)

@@ -66,7 +66,7 @@ class Sieve(Policy):
             link_before(b, self._hand)
 
     def victim(self) -> Block | None:
-        s = self._s
+        s: Block = self._s
         b: Block = self._hand
         while True:
             self.hand_steps += 1

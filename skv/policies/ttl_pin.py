@@ -76,6 +76,8 @@ import math
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+import cython
+
 from skv.cache.block import Block
 from skv.cache.policy import Policy
 from skv.model import TYPE_INDEX, SemanticType
@@ -84,18 +86,16 @@ from skv.policies.block_queue import link_before, sentinel, unlink
 if TYPE_CHECKING:
     from skv.blocks import RequestBlocks
 
-_TOOL_OUTPUT = TYPE_INDEX[SemanticType.TOOL_OUTPUT]
-_TOOL_SCHEMA = TYPE_INDEX[SemanticType.TOOL_SCHEMA]
-_NEVER = -math.inf  # pk1 of a block released unprotected
+_TOOL_OUTPUT = cython.declare(cython.Py_ssize_t, TYPE_INDEX[SemanticType.TOOL_OUTPUT])
+_TOOL_SCHEMA = cython.declare(cython.Py_ssize_t, TYPE_INDEX[SemanticType.TOOL_SCHEMA])
+_NEVER = cython.declare(cython.double, -math.inf)  # pk1 of a block released unprotected
 
 
 class _Session:
     """What is known of one session: when its last request arrived and was released, and
-    whether it calls tools."""
+    whether it calls tools (a C struct when compiled, see ttl_pin.pxd)."""
 
-    __slots__ = ("last_arrival", "last_release", "tool")
-
-    def __init__(self, now: float) -> None:
+    def __init__(self, now: cython.double) -> None:
         self.last_arrival = now
         self.last_release = -math.inf
         self.tool = False
@@ -104,6 +104,7 @@ class _Session:
 class TTLPin(Policy):
     name = "ttl_pin"
 
+    @cython.annotation_typing(False)  # the arguments are checked and converted as plain Python
     def __init__(
         self,
         ttl_quantile: float = 0.9,
@@ -143,7 +144,7 @@ class TTLPin(Policy):
 
     # --- sessions and the learned TTL ------------------------------------------------------
 
-    def on_request(self, rb: RequestBlocks, now: float) -> None:
+    def on_request(self, rb: RequestBlocks, now: cython.double) -> None:
         if now > self._now:
             self._now = now
         self._cur_rb = rb
@@ -151,8 +152,9 @@ class TTLPin(Policy):
         if session is None:
             self._cur = None
             return
-        sessions = self._sessions
-        s = sessions.pop(session, None)
+        sessions: dict = self._sessions
+        s: _Session = sessions.pop(session, None)
+        seen: cython.bint
         if s is None:
             s = _Session(now)
             seen = False
@@ -162,30 +164,35 @@ class TTLPin(Policy):
             stypes = rb.stypes
             s.tool = self.all_sessions or _TOOL_OUTPUT in stypes or _TOOL_SCHEMA in stypes
         if seen and s.tool:
-            start = s.last_release if s.last_release >= s.last_arrival else s.last_arrival
-            self.add_gap(max(0.0, now - start))
+            start: cython.double = (
+                s.last_release if s.last_release >= s.last_arrival else s.last_arrival
+            )
+            gap: cython.double = now - start
+            if not gap > 0.0:  # max(0.0, gap), as Python's max picks it
+                gap = 0.0
+            self.add_gap(gap)
         s.last_arrival = now
         sessions[session] = s
         if len(sessions) > self.max_sessions:
             del sessions[next(iter(sessions))]
         self._cur = s
 
-    def on_extend(self, rb: RequestBlocks, now: float) -> None:
+    def on_extend(self, rb: RequestBlocks, now: cython.double) -> None:
         if now > self._now:
             self._now = now
         self._cur_rb = rb
         self._cur = self._sessions.get(rb.session) if rb.session is not None else None
 
-    def add_gap(self, gap_s: float) -> None:
+    def add_gap(self, gap_s: cython.double) -> None:
         """Record one observed tool-call duration and recompute the TTL."""
         gaps = self._gaps
-        ordered = self._sorted
+        ordered: list = self._sorted
         gaps.append(gap_s)
         bisect.insort(ordered, gap_s)
         if len(gaps) > self.gap_window:
             old = gaps.popleft()
             del ordered[bisect.bisect_left(ordered, old)]
-        n = len(ordered)
+        n: cython.Py_ssize_t = len(ordered)
         rank = max(1, math.ceil(self.ttl_quantile * n - 1e-9))
         self.ttl_s = ordered[rank - 1]
 
@@ -197,14 +204,14 @@ class TTLPin(Policy):
 
     # --- blocks ------------------------------------------------------------------------------
 
-    def on_insert(self, b: Block, now: float) -> None:
+    def on_insert(self, b: Block, now: cython.double) -> None:
         req = b.req
         b.pdata = self._cur if req is self._cur_rb else self._session_of(req)
 
-    def on_hit(self, b: Block, now: float) -> None:
+    def on_hit(self, b: Block, now: cython.double) -> None:
         b.pdata = self._cur
 
-    def on_unpin(self, b: Block, now: float) -> None:
+    def on_unpin(self, b: Block, now: cython.double) -> None:
         if now > self._now:
             self._now = now
         nxt: Block = b.link_next
@@ -212,10 +219,11 @@ class TTLPin(Policy):
             prev: Block = b.link_prev
             prev.link_next = nxt
             nxt.link_prev = prev
-        self._seq = seq = self._seq + 1
+        seq: cython.longlong = self._seq + 1
+        self._seq = seq
         b.pseq = seq
         s: _Session | None = b.pdata
-        head = self._n
+        head: Block = self._n
         b.pk1 = _NEVER
         if s is not None:
             s.last_release = now
@@ -229,25 +237,26 @@ class TTLPin(Policy):
         last.link_next = b
         head.link_prev = b
 
-    def on_leaf(self, b: Block, now: float) -> None:
+    def on_leaf(self, b: Block, now: cython.double) -> None:
         if b.link_next is None:
-            head = self._p if b.pk1 > now else self._n
+            head: Block = self._p if b.pk1 > now else self._n
             link_before(b, head.link_next)
 
     def victim(self) -> Block | None:
-        p = self._p
-        e = self._e
+        p: Block = self._p
+        e: Block = self._e
         b: Block = p.link_next
         if b is not p:
-            now = self._now
+            now: cython.double = self._now
             while b is not p and b.pk1 <= now:  # protection over: on to E, in release order
                 nxt: Block = b.link_next
                 unlink(b)
                 link_before(b, e)
                 self.expirations += 1
                 b = nxt
-        old = _first_evictable(self._n)
-        expired = _first_evictable(e) if e.link_next is not e else None
+        old: Block = _first_evictable(self._n)
+        expired: Block = _first_evictable(e) if e.link_next is not e else None
+        found: Block
         if expired is None:
             if old is None:
                 found = _first_evictable(p) if p.link_next is not p else None
@@ -263,7 +272,7 @@ class TTLPin(Policy):
         unlink(found)
         return found
 
-    def on_evict(self, b: Block, now: float) -> None:
+    def on_evict(self, b: Block, now: cython.double) -> None:
         if b.link_next is not None:  # not the block victim() gave (a pool's fallback)
             unlink(b)
         b.pdata = None

@@ -70,6 +70,7 @@ def block_cost(b: Block, crossover: cython.double) -> cython.double:
     )
 
 
+@cython.annotation_typing(False)  # Python's conversion: a YAML string such as "4e4" too
 def check_crossover(policy: str, crossover: float) -> float:
     """``crossover`` as a float, refused unless it is a positive finite number."""
     x = float(crossover)

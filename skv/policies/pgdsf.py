@@ -58,6 +58,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import cython
+
 from skv.cache.block import Block
 from skv.policies.flop_cost import DEFAULT_ATTN_CROSSOVER, block_cost, check_crossover
 from skv.policies.gdsf import GDSF
@@ -66,6 +68,7 @@ from skv.policies.gdsf import GDSF
 class PGDSF(GDSF):
     name = "pgdsf"
 
+    @cython.annotation_typing(False)  # the argument is checked and converted as plain Python
     def __init__(self, attn_crossover: float = DEFAULT_ATTN_CROSSOVER) -> None:
         super().__init__()
         self.attn_crossover = check_crossover(self.name, attn_crossover)

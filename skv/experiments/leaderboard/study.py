@@ -411,7 +411,9 @@ def run(
     return Leaderboard(runs, summary, table, tuning_runs, tuned, missing)
 
 
-#: the policies that read semantic types (the seed's and SAECache's), against all the others
+#: the semantic policies (the seed's and SAECache's: built around segment types), against all
+#: the others; some of those read types too (lhd classes blocks by type, ttl_pin spots tool
+#: calls by type), so "other" means not built around them, not blind to them
 SEMANTIC = frozenset({"static_semantic", "adaptive_semantic", "saecache"})
 #: the capacities the issue's goal names (5-10% of unique blocks)
 GOAL_CAPACITIES = ("5%", "10%")

@@ -33,7 +33,10 @@ HOT_PATH: tuple[str, ...] = hot_path()
 
 
 def build_status() -> dict[str, str]:
-    """module path -> ``compiled``, ``stale`` (source newer than the build) or ``python``."""
+    """module path -> ``compiled``, ``stale`` (source newer than the build, or no build while
+    other modules have one: a ``.pxd`` added since the last build) or ``python`` (nothing is
+    compiled). A mix of compiled and plain modules is refused: plain code handing Python ints
+    to compiled C fields may fail where either side alone would not."""
     out = {}
     for rel in HOT_PATH:
         src = ROOT / rel
@@ -48,6 +51,8 @@ def build_status() -> dict[str, str]:
             out[rel] = "stale"
         else:
             out[rel] = "compiled"
+    if "compiled" in out.values():
+        out = {rel: "stale" if state == "python" else state for rel, state in out.items()}
     return out
 
 

@@ -114,8 +114,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         stale = [rel for rel, st in status.items() if st == "stale"]
         problems.append(f"stale compiled modules: {', '.join(stale)}")
         print(
-            f"FAILED  compiled hot path is older than its source: {', '.join(stale)} "
-            "(rebuild: python setup.py build_ext --inplace)"
+            "FAILED  compiled hot path is older than its source (or not built): "
+            f"{', '.join(stale)} (rebuild: python setup.py build_ext --inplace)"
         )
     elif states == ["compiled"]:
         print(f"ok      hot path compiled ({len(status)} modules)")

@@ -32,7 +32,8 @@ def pytest_configure(config) -> None:
     stale = [rel for rel, state in build_status().items() if state == "stale"]
     if stale:
         pytest.exit(
-            f"compiled modules older than their sources: {', '.join(stale)}; rebuild with "
+            f"compiled modules older than their sources (or not built): {', '.join(stale)}; "
+            "rebuild with "
             "`python setup.py build_ext --inplace` (./reproduce.sh does it for you)",
             returncode=3,
         )

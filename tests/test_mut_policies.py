@@ -775,6 +775,12 @@ def test_make_policy_builds_a_fresh_online_policy_with_its_parameters():
         make_policy("lru", {"x": 1})
     with pytest.raises(ValueError, match="unknown policy 'nope'"):
         make_policy("nope")
+    # an integer past a compiled policy's C field (64 bits) is a bad parameter, not a traceback
+    for name, key in (("lhd", "associativity"), ("kvflow", "max_sessions")):
+        with pytest.raises(ValueError, match=rf"^policy '{name}': bad parameters"):
+            make_policy(name, {key: 2**70})
+        with pytest.raises(ValueError, match=rf"^policy '{name}': bad parameters"):
+            make_cache(name, 10, {key: 2**70})
 
 
 def test_make_vllm_pool_orders_its_free_queue_by_the_named_policy():

@@ -83,7 +83,7 @@ def make_cache(
         return make_vllm_pool(capacity_blocks, eviction, eviction_params)
     try:
         policy = cls(**(params or {}))
-    except TypeError as exc:
+    except (TypeError, OverflowError) as exc:  # overflow: past a compiled C integer field
         raise ValueError(f"policy {name!r}: bad parameters {params}: {exc}") from None
     return BlockCache(capacity_blocks, policy, **cache_options)
 
@@ -98,7 +98,7 @@ def make_policy(name: str, params: dict[str, Any] | None = None) -> Any:
     cls = policy_class(name)
     try:
         return cls(**(params or {}))
-    except TypeError as exc:
+    except (TypeError, OverflowError) as exc:  # overflow: past a compiled C integer field
         raise ValueError(f"policy {name!r}: bad parameters {params}: {exc}") from None
 
 

@@ -239,3 +239,26 @@ def test_cli_writes_the_tables_and_rejects_a_missing_trace(tmp_path, capsys):
                "--output", str(tmp_path / "o2")])  # fmt: skip
     assert rc == 2 and "absent.jsonl" in capsys.readouterr().err
     assert not (tmp_path / "o2").exists()  # nothing half-written
+
+
+def test_derived_defaults_come_from_the_tuning_traces_only_and_name_the_best(tmp_path):
+    """lhd's and kvflow's defaults are derived on the tuning traces: every candidate is scored
+    on each tuning (seed, capacity) and nothing else, best first."""
+    from skv.experiments.leaderboard import derive_defaults as dd
+
+    cfg = tmp_path / "lb.yaml"
+    tuning = {**TINY["tuning"], "capacities": ["10%", "20%"]}
+    cfg.write_text(json.dumps({**TINY, "tuning": tuning}))
+    res = dd.derive(str(cfg))
+    assert set(res) == {"lhd", "kvflow"}
+    for policy, out in res.items():
+        scores = out["scores"]
+        assert {json.dumps(s[0]) for s in scores} == {json.dumps(c) for c in dd.CANDIDATES[policy]}
+        assert all(n == 2 for _, _, n in scores)  # 1 tuning seed x 2 capacities, no eval trace
+        assert [s[1] for s in scores] == sorted((s[1] for s in scores), reverse=True)
+        assert out["best"] == scores[0][0]
+    record = json.loads((REPO / "experiments/leaderboard/derived_defaults.json").read_text())
+    from skv.policies.registry import make_policy
+
+    for policy, knob in (("lhd", "features"), ("kvflow", "age_out")):
+        assert make_policy(policy).params()[knob] == record[policy]["best"][knob]

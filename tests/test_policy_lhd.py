@@ -338,10 +338,12 @@ def _hit_rate(policy: str, keys: list[int], cap: int, params: dict | None = None
 def test_lhd_beats_lru_on_a_scan_mixed_into_a_working_set():
     """Capacity 120 for a working set of 100 with one scan block per reuse: lru keeps every scan
     block ~120 accesses and loses working-set blocks (0.249); lhd learns that never-hit blocks
-    are rarely hit and hit ones are, and keeps the working set (0.327; 0.50 is the ceiling)."""
+    are rarely hit and hit ones are, and keeps the working set (0.327; 0.50 is the ceiling).
+    Classes by hits so far, the feature this lesson needs (the default's reuse classes, from
+    the last two hit ages, separate the two kinds only once blocks have been hit twice)."""
     keys = _scan_mix()
     lru = _hit_rate("lru", keys, 120)
-    lhd = _hit_rate("lhd", keys, 120, {"reconfigure_interval": 1000})
+    lhd = _hit_rate("lhd", keys, 120, {"reconfigure_interval": 1000, "features": "hits+stype"})
     assert lru == pytest.approx(0.2492, abs=0.002)
     assert lhd - lru >= 0.05, (lhd, lru)
 
@@ -357,7 +359,7 @@ def test_params_are_the_documented_defaults_and_normalised():
         "coarsening_tolerance": 0.01,
         "ewma_decay": 0.9,
         "hit_classes": 16,
-        "features": "hits+stype",
+        "features": "reuse+stype",
         "explore_fraction": 0.01,
         "explore_inverse_probability": 32,
         "seed": 0,

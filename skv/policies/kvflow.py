@@ -54,9 +54,10 @@ ageing entry is popped once. Sessions are remembered up to ``max_sessions`` (the
 arrived forgotten first; their blocks keep their bucket, a returning session starts afresh).
 
 Parameters (KVFlow's are the workflow graph's; none of these is from the paper): ``ewma_alpha``
-= 0.5, ``prior`` = True, ``prior_alpha`` = 0.05, ``age_out`` = 1.0 gap (``inf``: never; on the
-Claude Code sessions at 5% of unique blocks 1 and 1.5 beat 2, 4 and ``inf``, which keeps finished
-sessions' KV for good), ``max_sessions`` = 100,000.
+= 0.5, ``prior`` = True, ``prior_alpha`` = 0.05, ``age_out`` = 1.0 gap (``inf``: never, which
+keeps finished sessions' KV for good; 1.0 is the best of 1, 1.5, 2, 4 and ``inf`` on the policy
+leaderboard's tuning workloads, none of which it ranks:
+``python -m skv.experiments.leaderboard.derive_defaults``), ``max_sessions`` = 100,000.
 
 Inside vLLM (``skv.cache.free_order``, the plugin): a request without ``skv_session`` has no
 session, so every block is in the no-session bucket and the order is LRU by release (stock

@@ -363,6 +363,9 @@ ARGPARSE_OUTSIDE_CLI = {
     "skv/experiments/vllm_eviction/plugin_check.py": (
         "python -m in the engine venv (drives vLLM's own block pool), not imported by skv"
     ),
+    "skv/experiments/leaderboard/derive_defaults.py": (
+        "python -m, a one-off derivation whose output is a committed record, not a user command"
+    ),
     "skv/experiments/repurpose/quality_probe.py": (
         "python -m in the engine venv (torch, transformers on SmolLM2), not imported by skv"
     ),

@@ -190,11 +190,37 @@ def test_check_reads_values_from_the_step_directories(tmp_path, monkeypatch):
     assert [r.status for r in rows] == ["not checked"] * 3
 
 
+def test_a_claim_on_a_missing_optional_trace_is_skipped_naming_it(tmp_path, monkeypatch):
+    """A step that runs without an optional trace leaves that trace's values out; the claims
+    on them are skipped with the trace named (not 'missing', which fails the check), the
+    step's other claims are checked as usual."""
+    monkeypatch.setenv("SKV_TRACE_DIR", str(tmp_path / "no_traces_here"))
+    claims = tmp_path / "claims.yaml"
+    common = (
+        "text: t, compares: c, source: measured, source_note: n, tolerance_basis: deterministic,"
+        " step: fig_policy_leaderboard, expected: 0.5, tolerance: 0.01, quick: {not_checked: w}"
+    )
+    claims.write_text(
+        "claims:\n"
+        f"  - {{id: a, value: x, needs_traces: [weka_cc], {common}}}\n"
+        f"  - {{id: b, value: y, {common}}}\n"
+    )
+    layout = Layout(tmp_path / "f", tmp_path / "t", tmp_path / "b")
+    d = layout.step_dir("fig_policy_leaderboard")
+    d.mkdir(parents=True)
+    (d / "claims.json").write_text(json.dumps({"step": "x", "values": {"y": 0.5}}))
+    rows = check_claims(layout=layout, claims_path=claims, echo=False)
+    assert [r.status for r in rows] == ["skipped", "ok"]
+    assert "weka_cc" in rows[0].why and "optional trace" in rows[0].why
+
+
 def test_shipped_claims_name_known_steps_and_unique_ids():
     claims = load_claims()
     assert claims.claims, "claims.yaml states no claim"
     ids = [c.id for c in claims.claims]
     assert len(ids) == len(set(ids))
+    for c in claims.claims:  # a claim's own traces are optional ones of its step
+        assert set(c.needs_traces) <= set(pipeline.STEPS[c.step].optional_traces), c.id
 
 
 def test_every_claim_the_paper_cites_is_in_claims_yaml():
@@ -281,7 +307,9 @@ def test_main_run_passes_with_no_traces_and_no_engine_and_says_how_to_enable_the
     out = capsys.readouterr().out
     needs = {s.name for s in STEPS.values() if s.needs_traces or s.needs_engine}
     # (a claim the quick run does not check says "not checked" whether or not its step ran)
-    skipped_claims = [c.id for c in doc.claims if c.step in needs and not c.quick.not_checked]
+    skipped_claims = [
+        c.id for c in doc.claims if (c.step in needs or c.needs_traces) and not c.quick.not_checked
+    ]
     assert skipped_claims, "no claim depends on a trace or the engine: the test proves nothing"
     table: dict[str, str] = {}
     for line in out.splitlines():  # the table's row comes before the claim's note line

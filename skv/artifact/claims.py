@@ -118,6 +118,9 @@ class Claim(_Strict):
     verdict: Literal["reproduced", "not reproduced", "inconclusive"] | None = None
     #: the paper's or the seed's own number, shown beside the measured one (text)
     reference_value: str | None = None
+    #: traces (as the steps name them) the value needs when its step can run without them
+    #: (the step's optional traces): without one the claim is skipped, naming it
+    needs_traces: tuple[str, ...] = ()
     quick: Expectation
 
     @model_validator(mode="after")
@@ -319,13 +322,18 @@ def check_all(
     *,
     quick: bool,
     skip_reason: Callable[[str], str | None],
+    trace_reason: Callable[[tuple[str, ...]], str | None] = lambda traces: None,
 ) -> list[Row]:
+    """Every claim's row; ``skip_reason(step)`` says why a step cannot run here,
+    ``trace_reason(traces)`` why a claim's own ``needs_traces`` are not all here (else None)."""
     rows = []
     steps: dict[str, tuple[dict[str, Produced | None] | None, str | None]] = {}
     for c in doc.claims:
         if c.step not in steps:  # once per step: its values, and why it cannot run here
             steps[c.step] = (read_values(step_dir(c.step)), skip_reason(c.step))
         values, why = steps[c.step]
+        if why is None and c.needs_traces:
+            why = trace_reason(c.needs_traces)
         got = values.get(c.value) if values else None
         # a step that cannot run here is skipped even when an older run left values behind
         rows.append(check_one(c, got, quick=quick, skip_reason=why, wrote=values is not None))

@@ -440,9 +440,14 @@ def _trace_path(name: str) -> Path | None:
 
 def missing_traces(step: Step) -> str | None:
     """Why the step cannot run (the first missing trace), or None."""
+    return first_missing_trace(step.needs_traces)
+
+
+def first_missing_trace(names: Sequence[str]) -> str | None:
+    """Why the first of ``names`` that is not found is missing, or None when all are found."""
     from skv.traces import find_trace
 
-    for name in step.needs_traces:
+    for name in names:
         try:
             find_trace(name)
         except FileNotFoundError as exc:
@@ -690,8 +695,17 @@ def skip_reason(name: str, *, quick: bool = False) -> str | None:
 
 def claim_rows(doc: ClaimsFile, layout: Layout, *, quick: bool) -> list[claims_mod.Row]:
     """Every claim's status against what the steps of ``layout`` wrote."""
+
+    def trace_reason(traces: tuple[str, ...]) -> str | None:
+        why = first_missing_trace(traces)
+        return why and f"{why} (an optional trace of its step, which ran without it)"
+
     return claims_mod.check_all(
-        doc, layout.step_dir, quick=quick, skip_reason=lambda s: skip_reason(s, quick=quick)
+        doc,
+        layout.step_dir,
+        quick=quick,
+        skip_reason=lambda s: skip_reason(s, quick=quick),
+        trace_reason=trace_reason,
     )
 
 

@@ -262,3 +262,12 @@ def test_derived_defaults_come_from_the_tuning_traces_only_and_name_the_best(tmp
 
     for policy, knob in (("lhd", "features"), ("kvflow", "age_out")):
         assert make_policy(policy).params()[knob] == record[policy]["best"][knob]
+
+
+def test_a_trace_too_small_to_rank_still_names_its_best_policy_as_none():
+    """The paper prints each trace's best policy; a run whose gap is under the floor everywhere
+    (quick's three Claude Code sessions) says so instead of leaving the value out."""
+    cfg = tiny(min_gap_pts=1000.0, tuning={"traces": []})
+    values = study.claim_values(study.run(cfg, jobs=1), cfg)
+    assert values["agent_best_policy"] == "none (no gap to rank)"
+    assert "agent_best_gap_share" not in values and "agent_gap_pts" in values

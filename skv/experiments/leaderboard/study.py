@@ -457,7 +457,8 @@ def claim_values(lb: Leaderboard, config: LeaderboardConfig) -> dict[str, Any]:
         best = best_online(lb.runs, trace, online, caps)
         gap = lb.runs[(lb.runs["trace"] == trace) & lb.runs["capacity"].isin(caps)]
         out[f"{trace}_gap_pts"] = float(gap["gap_pts"].mean())
-        if best is None:
+        if best is None:  # the paper still names it: a run too small to rank says so
+            out[f"{trace}_best_policy"] = "none (no gap to rank)"
             continue
         out[f"{trace}_best_policy"] = best[0]
         out[f"{trace}_best_gap_share"] = interval(best[2]) if len(best[2]) > 1 else best[2][0]

@@ -215,6 +215,9 @@ def test_missing_real_trace_is_left_out_but_a_users_missing_trace_fails(tmp_path
     assert [t.label for t in keep] == ["agent"] and "moon" in missing
     with pytest.raises(FileNotFoundError):
         study.available(cfg.traces, required=["moon"])
+    values = study.claim_values(study.run(cfg, jobs=1), cfg)  # the paper prints why it is absent
+    assert values["moon_best_policy"] == values["moon_gap_pts"] == "not run (trace not found)"
+    assert "moon_best_gap_share" not in values and "agent_best_gap_share" in values
 
 
 def test_cli_writes_the_tables_and_rejects_a_missing_trace(tmp_path, capsys):

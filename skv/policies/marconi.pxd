@@ -13,6 +13,7 @@ cdef class _Entry:
 cdef _Entry _entry(double key, long long seq, long long version, Block b)
 cdef bint _before(_Entry x, _Entry y) noexcept
 cdef void _heap_push(list heap, _Entry e) except *
+cdef void _sift_up(list heap, Py_ssize_t i, _Entry e) except *
 cdef void _sift_down(list heap, Py_ssize_t i, _Entry e) except *
 cdef _Entry _heap_pop(list heap)
 cdef void _heapify(list heap) except *

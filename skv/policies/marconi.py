@@ -160,7 +160,11 @@ def _before(x: _Entry, y: _Entry) -> cython.bint:
 
 def _heap_push(heap: list, e: _Entry) -> None:
     heap.append(e)
-    i: cython.Py_ssize_t = len(heap) - 1
+    _sift_up(heap, len(heap) - 1, e)
+
+
+def _sift_up(heap: list, i: cython.Py_ssize_t, e: _Entry) -> None:
+    """Put ``e`` at ``i`` and move it up to its place (the entries above are a heap)."""
     j: cython.Py_ssize_t
     parent: _Entry
     while i > 0:
@@ -207,7 +211,6 @@ def _heap_pop(heap: list) -> _Entry:
         return top
     i: cython.Py_ssize_t = 0
     c: cython.Py_ssize_t = 1
-    j: cython.Py_ssize_t
     child: _Entry
     other: _Entry
     while c < n:
@@ -220,14 +223,7 @@ def _heap_pop(heap: list) -> _Entry:
         heap[i] = child
         i = c
         c = 2 * i + 1
-    while i > 0:
-        j = (i - 1) >> 1
-        child = heap[j]
-        if not _before(last, child):
-            break
-        heap[i] = child
-        i = j
-    heap[i] = last
+    _sift_up(heap, i, last)
     return top
 
 

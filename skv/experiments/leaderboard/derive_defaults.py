@@ -12,13 +12,10 @@ import argparse
 import json
 import logging
 from pathlib import Path
-from statistics import mean
 from typing import Any
 
 from skv.experiments.leaderboard import study
 from skv.experiments.leaderboard.config import load_config
-
-log = logging.getLogger(__name__)
 
 CONFIG = "experiments/leaderboard/policy_leaderboard.yaml"
 #: the knobs and their candidates (inf: kvflow never ages a session out)
@@ -30,35 +27,21 @@ CANDIDATES: dict[str, list[dict[str, Any]]] = {
 }
 
 
-def derive(config_path: str = CONFIG) -> dict[str, Any]:
+def derive(config_path: str = CONFIG, *, jobs: int | None = None) -> dict[str, Any]:
     """policy -> {"scores": [[params, mean block hit rate, runs], ...] best first, "best": the
-    first params}."""
-    from skv.replay import replay_one, resolve_capacities
-
+    first params}; replayed by the study's own cells (its tuning traces and capacities)."""
     cfg = load_config(config_path)
-    hits: dict[str, dict[str, list[float]]] = {
-        p: {json.dumps(c): [] for c in cs} for p, cs in CANDIDATES.items()
-    }
-    for entry in cfg.tuning.traces:
-        for seed in entry.seeds:
-            _, trace, totals = study._compiled(entry.model_dump_json(), seed)
-            caps = resolve_capacities(
-                list(cfg.tuning.capacities), block_size=trace[0].block_size,
-                unique_blocks=totals.unique_blocks, model=None,
-            )  # fmt: skip
-            for _, blocks in caps:
-                for policy, cands in CANDIDATES.items():
-                    for c in cands:
-                        r = replay_one(trace, policy, blocks, params=c, totals=totals,
-                                       progress=False)  # fmt: skip
-                        hits[policy][json.dumps(c)].append(r["block_hit_rate"])
-            log.info("%s seed %d done", entry.label, seed)
+    settings = {p: {str(i): c for i, c in enumerate(cs)} for p, cs in CANDIDATES.items()}
+    todo = study.cells(cfg, cfg.tuning.traces, settings, cfg.tuning.capacities, ttft=False)
+    runs = study.run_cells(todo, jobs=jobs, label="derive defaults")
     out = {}
-    for policy, d in hits.items():
-        ranked = sorted(d.items(), key=lambda kv: -mean(kv[1]))  # stable: ties keep list order
+    for policy, cands in CANDIDATES.items():
+        hit = runs[runs["policy"] == policy].groupby("setting")["block_hit_rate"]
+        means, counts = hit.mean(), hit.size()
+        order = sorted(range(len(cands)), key=lambda i: -means[str(i)])  # ties: list order
         out[policy] = {
-            "scores": [[json.loads(c), round(mean(v), 6), len(v)] for c, v in ranked],
-            "best": json.loads(ranked[0][0]),
+            "scores": [[cands[i], round(means[str(i)], 6), int(counts[str(i)])] for i in order],
+            "best": cands[order[0]],
         }
     return out
 

@@ -333,7 +333,26 @@ def _repurpose_figures() -> dict[str, object]:
         "sensitivity_figure": _repurpose_sensitivity_figure(),
         "quality_figure": _repurpose_quality_figure(),
         "repurpose_vllm_figure": _repurpose_vllm_figure(),
+        "regime_figure": _regime_figure(),
     }
+
+
+def _regime_figure():
+    """A 3-axis map whose third axis makes two panels (tests/test_regimes.py checks the
+    numbers; here only that it draws and passes the check)."""
+    from skv.experiments import regimes as R
+
+    cfg = R.RegimeConfig(
+        id="toy", seeds=[0, 1], axes={"a": [1, 2], "b": ["x", "y"], "c": [0.1, 0.2]},
+        method="m", baselines=["r"], reference="r", metric="t", better="lower",
+        headline=1.4, paper_setup={"a": [1]}, rows="a", cols="b",
+    )  # fmt: skip
+
+    def cell(c, setting, seed):
+        return {"m": {"t": 10.0}, "r": {"t": 10.0 * setting["a"] + seed}}
+
+    rows = R.run_grid(cfg, cell, jobs=1)
+    return R.regime_figure(cfg, R.summary(cfg, rows), "toy regime map (simulated)")
 
 
 def _repurpose_sensitivity_figure():
@@ -440,6 +459,7 @@ def test_every_figure_function_is_covered_here():
         "fidelity_load_figure",
         "verdict_figure",
         "gap_heatmap",
+        "regime_figure",
     }
 
 

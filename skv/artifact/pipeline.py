@@ -176,6 +176,16 @@ STEPS: dict[str, Step] = {
             optional_traces=("weka_cc", "mooncake/conversation_trace.jsonl"),
         ),
         Step(
+            "fig_saecache_regimes",
+            "saecache",
+            "experiments/saecache/saecache_regimes.yaml",
+            (
+                *_fig("fig_saecache_regimes"),
+                "tables/saecache_regimes.csv",
+                "tables/saecache_regimes.tex",
+            ),
+        ),
+        Step(
             "tab_saecache_grid",
             "saecache",
             "experiments/saecache/grid",

@@ -193,11 +193,12 @@ def _point(cfg: CacheRouteConfig, w: WorkloadEntry, r: RouterEntry, seed: int, r
     )
 
 
-def _search_task(task: tuple[CacheRouteConfig, int, int, int]) -> dict[str, Any]:
-    cfg, wi, ri, seed = task
+def search(cfg: CacheRouteConfig, wi: int, ri: int, seed: int) -> dict[str, Any]:
+    """Max QPS at the SLO of router ``ri`` on workload ``wi`` and ``seed``: the bisection of
+    :func:`skv.experiments.slo_search.max_qps` on the config's SLO percentile of TTFT."""
     w, r = cfg.workloads[wi], cfg.routers[ri]
     s = cfg.search
-    res = max_qps(
+    return max_qps(
         lambda rate: _point(cfg, w, r, seed, rate),
         cfg.slo_ms,
         lo=s.lo,
@@ -206,7 +207,12 @@ def _search_task(task: tuple[CacheRouteConfig, int, int, int]) -> dict[str, Any]
         max_doublings=s.max_doublings,
         key="ttft_ms_slo",
     )
-    return {"workload": w.key, "router": r.key, "seed": seed, **res}
+
+
+def _search_task(task: tuple[CacheRouteConfig, int, int, int]) -> dict[str, Any]:
+    cfg, wi, ri, seed = task
+    w, r = cfg.workloads[wi], cfg.routers[ri]
+    return {"workload": w.key, "router": r.key, "seed": seed, **search(cfg, wi, ri, seed)}
 
 
 def _load_task(task: tuple[CacheRouteConfig, int, int, int, float]) -> dict[str, Any]:

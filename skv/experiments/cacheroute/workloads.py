@@ -16,7 +16,9 @@ own generator (spawned from ``seed``), so the first ``k`` requests are the same 
 - ``aggregate``: CacheRoute's semi-synthetic aggregate: ``keys`` shared prefixes with Zipf
   (``key_zipf``) request shares (heavy-tailed per-key rates), each key a prefix of
   ``prefix_blocks`` whole blocks (uniform in the range, drawn once per key), then a unique
-  suffix of log-normal length and a log-normal answer; Poisson arrivals.
+  suffix of log-normal length and a log-normal answer; Poisson arrivals. With
+  ``shared_share`` below 1, that share of requests keeps its key's prefix and the others get
+  a private prefix of the same length (no sharing; the regime map's axis).
 - ``dominant_key``: the aggregate stream with a ``dominant_share`` of requests on one key (rank
   1): affinity concentrates that key's load on its destinations.
 - ``shifting_skew``: the aggregate stream whose key ranks are re-drawn (a fresh random
@@ -64,6 +66,9 @@ class SyntheticParams(BaseModel):
     output_sigma: float = Field(default=0.8, ge=0, le=4)
     output_max: int = Field(default=1024, ge=1, le=1_000_000)
     block_tokens: int = Field(default=512, ge=1, le=65_536)
+    #: share of requests on a shared prefix; the others get a private prefix of the same
+    #: length (drawn as their key's, its blocks never seen again)
+    shared_share: float = Field(default=1.0, ge=0, le=1, description="requests on shared keys")
     dominant_share: float = Field(default=0.5, ge=0, le=1, description="dominant_key only")
     shift_every_s: float = Field(default=30.0, gt=0, description="shifting_skew only")
 
@@ -109,6 +114,14 @@ def _build(p: SyntheticParams, rate: float, seed: int, ranks: Callable) -> list[
     rank = ranks(g_rank, times)
     suffix = _lognormal(g_suffix, p.suffix_median, p.suffix_sigma, p.num_requests, p.suffix_max)
     output = _lognormal(g_output, p.output_median, p.output_sigma, p.num_requests, p.output_max)
+    # its own generator, drawn only when some prefixes are private: every other draw (and so
+    # every request of a shared_share 1 run) is the same as without the parameter
+    private = (
+        np.random.default_rng(np.random.SeedSequence([seed, 2])).random(p.num_requests)
+        >= p.shared_share
+        if p.shared_share < 1
+        else np.zeros(p.num_requests, bool)
+    ).tolist()
     bt = p.block_tokens
     out: list[Request] = []
     next_id = _SUFFIX_BASE
@@ -122,7 +135,11 @@ def _build(p: SyntheticParams, rate: float, seed: int, ranks: Callable) -> list[
             pb = prefix_of[key]
             sfx = suffix_l[i]
             sb = -(-sfx // bt)
-            ids = [key * _KEY_STRIDE + j for j in range(pb)]
+            if private[i]:
+                ids = list(range(next_id, next_id + pb))
+                next_id += pb
+            else:
+                ids = [key * _KEY_STRIDE + j for j in range(pb)]
             ids.extend(range(next_id, next_id + sb))
             next_id += sb
             out.append(
@@ -134,7 +151,7 @@ def _build(p: SyntheticParams, rate: float, seed: int, ranks: Callable) -> list[
                         Segment(SemanticType.USER_QUERY, sfx),
                     ],
                     output_tokens=output_l[i],
-                    session_id=f"key{key}",
+                    session_id=f"private{seed}:{i}" if private[i] else f"key{key}",
                     hash_ids=ids,
                     hash_block_size=bt,
                 )

@@ -1,0 +1,101 @@
+"""CacheRoute's regime map: where cacheroute's max QPS at the SLO beats the best baseline's.
+
+The grid (``experiments/cacheroute/cacheroute_regimes.yaml``) varies what the paper's setup
+fixes: the number of replicas, each replica's KV memory (``gpu_memory_utilization``), the
+key skew (``key_zipf``), the share of requests on shared prefixes (``shared_share``), the
+prompt length (``prefix_blocks``: the shared prefix's range of 512-token blocks) and the TTFT
+SLO (``slo_ms``). Everything else is the study config named by ``base`` (the cluster's model
+and GPUs, the routers' parameters and views, warm-up, percentile, search bracket).
+
+A cell is one (setting, seed): the max-QPS search of every router on the same seeded
+workload (:func:`skv.experiments.cacheroute.study.search`), so the ratios are paired within
+a seed. The search bracket scales with the replica count (``base``'s bracket is for its own
+cluster size), so a small cluster's answer is not below ``lo``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from skv.experiments import regimes as R
+from skv.experiments.cacheroute import study as S
+
+#: what a cell records per router
+METRICS = ("qps", "hit_rate", "ttft_ms_slo")
+#: axes that set the cluster, the config, or the workload's parameters
+CLUSTER_AXES = ("replicas", "gpu_memory_utilization")
+CONFIG_AXES = ("slo_ms",)
+
+
+class RouteRegimeConfig(R.RegimeConfig):
+    """``experiments/cacheroute/cacheroute_regimes.yaml``."""
+
+    base: str
+    measured_requests: int = Field(default=3000, ge=100, le=100_000)
+
+    @model_validator(mode="after")
+    def _check_base(self) -> RouteRegimeConfig:
+        """Every router named must be in ``base``, and every setting must make a valid
+        config: a bad value is named here, not by a run minutes later."""
+        for m in (self.metric, *self.secondary):
+            if m not in METRICS:
+                raise ValueError(f"metric {m!r}: a cell records {', '.join(METRICS)}")
+        base = S.load_config(self.base, quick=False)
+        keys = [r.key for r in base.routers]
+        for p in self.policies:
+            if p not in keys:
+                raise ValueError(f"router {p!r} is not in {self.base} ({', '.join(keys)})")
+        for setting in self.settings():
+            try:
+                setting_config(self, setting, base=base)
+            except ValueError as exc:
+                raise ValueError(f"axes: setting {setting}: {exc}") from None
+        return self
+
+
+def setting_config(
+    cfg: RouteRegimeConfig, setting: dict[str, Any], *, base: S.CacheRouteConfig | None = None
+) -> S.CacheRouteConfig:
+    """``base`` with one setting's values, the map's routers, its measured requests, and the
+    search bracket scaled by replicas / ``base``'s replicas."""
+    base = base or S.load_config(cfg.base, quick=False)
+    data = base.model_dump(mode="json")
+    cluster, workload = dict(data["cluster"]), dict(data["workloads"][0])
+    params = dict(workload.get("params") or {})
+    for name, value in setting.items():
+        if name in CLUSTER_AXES:
+            cluster[name] = value
+        elif name in CONFIG_AXES:
+            data[name] = value
+        else:
+            params[name] = value
+    scale = cluster["replicas"] / base.cluster.replicas
+    search = dict(data["search"])
+    search["lo"], search["hi"] = search["lo"] * scale, search["hi"] * scale
+    data |= {
+        "id": f"{cfg.id}_cell",
+        "cluster": cluster,
+        "workloads": [{**workload, "params": params}],
+        "routers": [r for r in data["routers"] if (r["label"] or r["name"]) in cfg.policies],
+        "measured_requests": cfg.measured_requests,
+        "seeds": [0],
+        "search": search,
+    }
+    return S.CacheRouteConfig.model_validate(data)
+
+
+def cell(cfg: RouteRegimeConfig, setting: dict[str, Any], seed: int) -> dict[str, dict[str, float]]:
+    """Every router's max QPS at the SLO on the setting's seeded workload (one search each)."""
+    run = setting_config(cfg, setting)
+    out = {}
+    for ri, router in enumerate(run.routers):
+        res = S.search(run, 0, ri, seed)
+        out[router.key] = {m: float(res["qps"] if m == "qps" else res["at"][m]) for m in METRICS}
+    return out
+
+
+def load(path: str | Path, *, quick: bool) -> RouteRegimeConfig:
+    return R.load_config(path, RouteRegimeConfig, quick=quick)

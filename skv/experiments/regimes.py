@@ -1,0 +1,437 @@
+"""Regime maps: where a method beats its baselines, over a grid of workload and system axes.
+
+A paper's headline is one number from one setup. A regime map asks in which settings that
+number holds: every combination of a few axes (capacity pressure, arrival rate, workload mix,
+...), each simulated over the same seeds for the method and each baseline, and per setting the
+per-seed ratio ``best baseline / method`` (for a metric where lower is better, as TTFT; the
+other way round for one where higher is better, as max QPS) with its 95% Student-t interval
+over seeds (paired: one workload per seed serves every policy).
+
+Which baseline is "best" is picked per setting by its mean over the same seeds. That choice is
+made on the data it is compared with, so it favours the baselines: a method whose interval
+still lies above the headline beats every baseline there (conservative for the method).
+
+A setting's verdict against the paper's headline ratio (``headline``):
+
+* ``holds``: the interval's low end is at or above the headline;
+* ``below``: its high end is under the headline;
+* ``unresolved``: the interval contains the headline.
+
+and against parity (ratio 1): ``wins`` (low end above 1), ``loses`` (high end under 1),
+``tie``. A setting lies in the paper's stated setup when each of its axis values is among
+``paper_setup``'s for that axis (an axis the paper does not state is not restricted).
+
+Each study supplies the cell: ``cell(cfg, setting, seed) -> {policy: {metric: value}}``
+(:func:`run_grid` runs the cells on the sweep executor, one task per (setting, seed); each
+cell seeds itself, so tables are identical whatever the number of processes). This module
+holds what the three maps share: the config fields, the grid, the summary and the figure.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import numpy as np
+import pandas as pd
+from matplotlib.colors import TwoSlopeNorm
+from matplotlib.figure import Figure
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from skv.experiments.plotstyle import exempt_axes, figure, paper_style, wrap_title
+from skv.experiments.stats import interval
+from skv.experiments.sweep import run_sweep
+
+#: the most settings a grid may have (a full map's run time is settings x seeds x cells)
+MAX_SETTINGS = 400
+VERDICTS = ("holds", "unresolved", "below")
+
+
+def axis_label(value: Any) -> str:
+    """How a setting's value prints in tables, claims and the figure."""
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, list | tuple):
+        return "-".join(axis_label(v) for v in value)
+    return str(value)
+
+
+class RegimeConfig(BaseModel):
+    """The fields every regime map has; a study subclasses it with its base setup. ``axes``
+    maps an axis name to its values (the grid is their product, in this order); ``figure``
+    names the axis drawn as rows and the one drawn as columns of each panel (the other axes
+    make the panels)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    id: str
+    title: str = ""
+    description: str = ""
+    seeds: list[int] = Field(min_length=2, max_length=10)
+    axes: dict[str, list[Any]] = Field(min_length=2, max_length=6)
+    method: str
+    baselines: list[str] = Field(min_length=1, max_length=8)
+    #: the baseline the paper reports its headline against (one of ``baselines``)
+    reference: str
+    metric: str
+    better: Literal["lower", "higher"]
+    #: other metrics reported per setting as method minus the best baseline by that metric
+    #: (name -> which way is better; tables and claims only, the figure shows ``metric``)
+    secondary: dict[str, Literal["lower", "higher"]] = Field(default_factory=dict, max_length=4)
+    #: the paper's headline ratio (the lowest it claims), method over ``reference``
+    headline: float = Field(gt=0, allow_inf_nan=False)
+    #: axis -> the values inside the paper's stated setup (an axis not named: not restricted)
+    paper_setup: dict[str, list[Any]] = Field(default_factory=dict)
+    rows: str
+    cols: str
+    #: short names of axes for the figure (an axis not named: its own name)
+    names: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check_grid(self) -> RegimeConfig:
+        for name, values in self.axes.items():
+            if not 1 <= len(values) <= 8:
+                raise ValueError(f"axes.{name}: {len(values)} values; give 1 to 8")
+            labels = [axis_label(v) for v in values]
+            if len(set(labels)) != len(labels):
+                raise ValueError(f"axes.{name}: a value is given twice ({labels})")
+        n = math.prod(len(v) for v in self.axes.values())
+        if n > MAX_SETTINGS:
+            raise ValueError(f"axes: {n} settings; at most {MAX_SETTINGS}")
+        for field in ("rows", "cols"):
+            if getattr(self, field) not in self.axes:
+                raise ValueError(f"{field}: {getattr(self, field)!r} is not an axis")
+        if self.rows == self.cols:
+            raise ValueError("rows and cols name the same axis")
+        if self.reference not in self.baselines:
+            raise ValueError(f"reference: {self.reference!r} is not one of the baselines")
+        if self.method in self.baselines:
+            raise ValueError(f"baselines: {self.method!r} is the method")
+        for name, values in self.paper_setup.items():
+            if name not in self.axes:
+                raise ValueError(f"paper_setup.{name}: not an axis")
+            known = {axis_label(v) for v in self.axes[name]}
+            for v in values:
+                if axis_label(v) not in known:
+                    raise ValueError(f"paper_setup.{name}: {v!r} is not one of the axis' values")
+        return self
+
+    def name(self, axis: str) -> str:
+        return self.names.get(axis, axis)
+
+    @property
+    def policies(self) -> list[str]:
+        return [self.method, *self.baselines]
+
+    def settings(self) -> list[dict[str, Any]]:
+        """Every combination of the axes' values, the last axis varying fastest."""
+        names = list(self.axes)
+        return [
+            dict(zip(names, combo, strict=True)) for combo in itertools.product(*self.axes.values())
+        ]
+
+    def in_paper_setup(self, setting: dict[str, Any]) -> bool:
+        return all(
+            axis_label(setting[name]) in {axis_label(v) for v in values}
+            for name, values in self.paper_setup.items()
+        )
+
+
+C = TypeVar("C", bound="RegimeConfig")
+
+
+def load_config(path: str | Path, model: type[C], *, quick: bool) -> C:
+    """Read a regime config; in quick runs its ``quick:`` mapping overrides fields (``axes``
+    merged axis by axis, so quick can coarsen some axes and keep the others). Errors are
+    ``ConfigError`` naming the file and the field."""
+    from skv.experiments.config import ConfigError, _flatten, read_yaml
+
+    data = read_yaml(path, "regime config")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at top level")
+    over = data.pop("quick", None) or {}
+    if not isinstance(over, dict) or not isinstance(over.get("axes", {}), dict):
+        raise ConfigError(f"{path}: quick: expected a mapping of overrides (axes: a mapping)")
+    if quick:
+        axes = {**(data.get("axes") or {}), **over.pop("axes", {})}
+        data = {**data, **over, "axes": axes}
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{path}: {_flatten(exc, '')}") from None
+
+
+Cell = Callable[[Any, dict[str, Any], int], dict[str, dict[str, float]]]
+
+
+def run_grid(cfg: RegimeConfig, cell: Cell, *, jobs: int | None = None) -> pd.DataFrame:
+    """Every (setting, seed) of ``cfg`` through ``cell``: one row per (setting, seed, policy)
+    with the axis values (as labels), ``seed``, ``policy`` and the cell's metrics."""
+    tasks = [(cell, cfg, s, seed) for s in cfg.settings() for seed in cfg.seeds]
+    done = run_sweep(_task, tasks, jobs=jobs, label=f"{cfg.id} cells")
+    rows = []
+    for (_, _, setting, seed), result in zip(tasks, done, strict=True):
+        missing = [p for p in cfg.policies if p not in result]
+        if missing:
+            raise ValueError(f"{cfg.id}: a cell returned no result for {missing}")
+        for policy in cfg.policies:
+            rows.append(
+                {
+                    **{k: axis_label(v) for k, v in setting.items()},
+                    "seed": seed,
+                    "policy": policy,
+                    **result[policy],
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def _task(task: tuple[Cell, RegimeConfig, dict[str, Any], int]) -> dict[str, dict[str, float]]:
+    cell, cfg, setting, seed = task
+    return cell(cfg, setting, seed)
+
+
+def _verdict(ci: Sequence[float], threshold: float, words: tuple[str, str, str]) -> str:
+    """``words[0]`` when the interval lies at or above ``threshold`` (strictly above for
+    parity: an interval of exactly 1 is a tie), ``words[2]`` below it, else ``words[1]``."""
+    low, high = ci
+    if low > threshold or (low == threshold and threshold != 1.0):
+        return words[0]
+    if high < threshold:
+        return words[2]
+    return words[1]
+
+
+def summary(cfg: RegimeConfig, rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per setting: each policy's mean metric, the best baseline (by mean), the
+    ratio to it and to ``reference`` (per seed, Student-t interval; > 1: the method is
+    better), the verdicts against ``headline`` and parity, and ``paper_setup``."""
+    axes = list(cfg.axes)
+    labels = {name: [axis_label(v) for v in values] for name, values in cfg.axes.items()}
+    out = []
+    for setting in cfg.settings():
+        key = {k: axis_label(v) for k, v in setting.items()}
+        d = rows.loc[(rows[axes] == pd.Series(key)).all(axis=1)]
+        per = {
+            p: d[d["policy"] == p].sort_values("seed")[cfg.metric].to_numpy(float)
+            for p in cfg.policies
+        }
+        means = {p: float(np.mean(v)) for p, v in per.items()}
+        pick = min if cfg.better == "lower" else max
+        best = pick(cfg.baselines, key=lambda p: (means[p], cfg.baselines.index(p)))
+
+        def ratio(base: str, per: dict[str, np.ndarray] = per) -> dict[str, Any]:
+            num, den = per[base], per[cfg.method]
+            return interval(list(num / den if cfg.better == "lower" else den / num))
+
+        r_best, r_ref = ratio(best), ratio(cfg.reference)
+        extra: dict[str, Any] = {}
+        for m, way in cfg.secondary.items():
+            vals = {
+                p: d[d["policy"] == p].sort_values("seed")[m].to_numpy(float) for p in cfg.policies
+            }
+            pick_m = min if way == "lower" else max
+            best_m = pick_m(
+                cfg.baselines, key=lambda p, v=vals: (float(np.mean(v[p])), cfg.baselines.index(p))
+            )
+            diff = interval(list(vals[cfg.method] - vals[best_m]))
+            extra |= {
+                f"best_by_{m}": best_m,
+                f"{m}_diff": diff["value"],
+                f"{m}_diff_low": diff["ci95"][0],
+                f"{m}_diff_high": diff["ci95"][1],
+            }
+        out.append(
+            {
+                **key,
+                **{f"{p}_{cfg.metric}": means[p] for p in cfg.policies},
+                "best_baseline": best,
+                "ratio_best": r_best["value"],
+                "ratio_best_low": r_best["ci95"][0],
+                "ratio_best_high": r_best["ci95"][1],
+                "ratio_ref": r_ref["value"],
+                "ratio_ref_low": r_ref["ci95"][0],
+                "ratio_ref_high": r_ref["ci95"][1],
+                "vs_best": _verdict(r_best["ci95"], 1.0, ("wins", "tie", "loses")),
+                "headline_vs_ref": _verdict(r_ref["ci95"], cfg.headline, VERDICTS),
+                "headline_vs_best": _verdict(r_best["ci95"], cfg.headline, VERDICTS),
+                **extra,
+                "paper_setup": cfg.in_paper_setup(setting),
+            }
+        )
+    table = pd.DataFrame(out)
+    for name in axes:  # keep the config's order of values, not the alphabet's
+        table[name] = pd.Categorical(table[name], categories=labels[name], ordered=True)
+    return table
+
+
+def _seed_values(cfg: RegimeConfig, rows: pd.DataFrame, setting: pd.Series, policy: str,
+                 metric: str) -> np.ndarray:  # fmt: skip
+    d = rows[(rows["policy"] == policy)]
+    for a in cfg.axes:
+        d = d[d[a] == str(setting[a])]
+    return d.sort_values("seed")[metric].to_numpy(float)
+
+
+def claim_values(cfg: RegimeConfig, rows: pd.DataFrame, table: pd.DataFrame) -> dict[str, Any]:
+    """What a map's claims read, per scope (``all`` settings, ``paper``: the stated setup) and
+    comparison (``ref``, ``best``): ``<scope>_<versus>_<verdict>`` counts against the headline,
+    ``<scope>_best_<wins|tie|loses>`` against parity; ``<scope>_max_ratio_<versus>`` the
+    largest per-setting ratio with its own interval (``..._at`` names the setting; the
+    maximum of many intervals is biased upward, so it is conservative for a thesis that it
+    stays below the headline); ``<scope>_geomean_ratio_<versus>`` each seed's geometric mean
+    of the ratio over the settings, Student t over seeds; per secondary metric
+    ``<scope>_<metric>_diff`` each seed's mean over the settings of method minus the best
+    baseline by that metric."""
+    values: dict[str, Any] = {
+        "settings": len(table),
+        "paper_settings": int(table["paper_setup"].sum()),
+        "seeds": len(cfg.seeds),
+        "headline": f"{cfg.headline:g}",
+    }
+    lower = cfg.better == "lower"
+    for scope, t in (("all", table), ("paper", table[table["paper_setup"]])):
+        for versus in ("ref", "best"):
+            col = f"headline_vs_{versus}"
+            for word in VERDICTS:
+                values[f"{scope}_{versus}_{word}"] = int((t[col] == word).sum())
+        for word in ("wins", "tie", "loses"):
+            values[f"{scope}_best_{word}"] = int((t["vs_best"] == word).sum())
+        if not len(t):
+            continue
+        for versus in ("ref", "best"):
+            r = f"ratio_{versus}"
+            i = t[r].idxmax()
+            values[f"{scope}_max_ratio_{versus}"] = {
+                "value": float(t.loc[i, r]),
+                "ci95": [float(t.loc[i, f"{r}_low"]), float(t.loc[i, f"{r}_high"])],
+                "n": len(cfg.seeds),
+            }
+            values[f"{scope}_max_ratio_{versus}_at"] = ", ".join(
+                f"{a} {t.loc[i, a]}" for a in cfg.axes
+            )
+            logs = []
+            for _, row in t.iterrows():
+                base = cfg.reference if versus == "ref" else row["best_baseline"]
+                b = _seed_values(cfg, rows, row, base, cfg.metric)
+                m = _seed_values(cfg, rows, row, cfg.method, cfg.metric)
+                logs.append(np.log(b / m if lower else m / b))
+            per_seed = np.exp(np.mean(logs, axis=0))
+            values[f"{scope}_geomean_ratio_{versus}"] = interval(list(per_seed))
+        for m in cfg.secondary:
+            diffs = [
+                _seed_values(cfg, rows, row, cfg.method, m)
+                - _seed_values(cfg, rows, row, row[f"best_by_{m}"], m)
+                for _, row in t.iterrows()
+            ]
+            values[f"{scope}_{m}_diff"] = interval(list(np.mean(diffs, axis=0)))
+    return values
+
+
+def regime_figure(cfg: RegimeConfig, table: pd.DataFrame, title: str) -> Figure:
+    """One heatmap per combination of the axes other than ``rows`` and ``cols``. A cell's
+    colour and upper number: the ratio to the best baseline (diverging at 1, blue: the method
+    better); lower number, in parentheses: the ratio to the reference (the paper's
+    comparison). A box marks a cell whose interval against the reference lies at or above
+    the headline; a dot, a setting inside the paper's stated setup."""
+    panel_axes = [a for a in cfg.axes if a not in (cfg.rows, cfg.cols)]
+    panels = list(itertools.product(*(cfg.axes[a] for a in panel_axes))) or [()]
+    finite = table["ratio_best"].to_numpy(float)
+    # the colour range always reaches the headline, so a cell's shade says how far from it
+    reach = 1.1 * abs(math.log2(cfg.headline)) if cfg.headline != 1 else 0.2
+    span = max(reach, float(np.nanmax(np.abs(np.log2(finite)))) if finite.size else 0.0)
+    norm = TwoSlopeNorm(vcenter=0.0, vmin=-span, vmax=span)
+    r_labels = [axis_label(v) for v in cfg.axes[cfg.rows]]
+    c_labels = [axis_label(v) for v in cfg.axes[cfg.cols]]
+    ncols = min(len(panels), 4)
+    nrows = math.ceil(len(panels) / ncols)
+    with paper_style():
+        fig = figure("text", 0.75 + nrows * (0.45 + 0.26 * len(r_labels)))
+        fig.set_layout_engine("constrained")
+        grid = fig.subplots(nrows, ncols, squeeze=False)
+        img = None
+        for k, ax in enumerate(grid.flat):
+            if k >= len(panels):
+                ax.set_visible(False)
+                continue
+            fixed = {a: axis_label(v) for a, v in zip(panel_axes, panels[k], strict=True)}
+            d = table
+            for a, v in fixed.items():
+                d = d[d[a] == v]
+            best = np.full((len(r_labels), len(c_labels)), np.nan)
+            for _, r in d.iterrows():
+                i, j = r_labels.index(str(r[cfg.rows])), c_labels.index(str(r[cfg.cols]))
+                best[i, j] = r["ratio_best"]
+                dark = abs(math.log2(r["ratio_best"])) > 0.6 * span
+                ax.text(j, i, f"{r['ratio_best']:.2f}\n({r['ratio_ref']:.2f})", ha="center",
+                        va="center", fontsize=4.6, linespacing=1.1,
+                        color="white" if dark else "0.05")  # fmt: skip
+                if r["headline_vs_ref"] == "holds":
+                    ax.add_patch(_box(i, j))
+                if r["paper_setup"]:
+                    ax.plot(j + 0.38, i - 0.3, marker="o", markersize=1.8, color="0.1")
+            img = ax.imshow(np.log2(best), cmap="RdBu", norm=norm, aspect="auto")
+            ax.grid(False)
+            ax.set_xticks(range(len(c_labels)), c_labels, fontsize=5)
+            ax.set_yticks(range(len(r_labels)), r_labels, fontsize=5)
+            ax.set_xlabel(cfg.name(cfg.cols), fontsize=5.5)
+            ax.set_ylabel(cfg.name(cfg.rows), fontsize=5.5)
+            heading = ", ".join(f"{cfg.name(a)} {v}" for a, v in fixed.items())
+            ax.set_title(wrap_title(heading, 34), fontsize=5)
+        if img is not None:
+            bar = fig.colorbar(img, ax=list(grid.flat), fraction=0.02, pad=0.01)
+            marks = {0.5, 1 / cfg.headline, 1.0, cfg.headline, 2.0}
+            ticks = sorted(math.log2(m) for m in marks if abs(math.log2(m)) <= span + 1e-9)
+            bar.set_ticks(ticks, labels=[f"{2**t:.2g}x" for t in ticks], fontsize=5)
+            bar.set_label(f"{cfg.method} vs best baseline", fontsize=5.5)
+            exempt_axes(bar.ax, "a colour bar")
+        fig.suptitle(wrap_title(title, 120), fontsize=6.5)
+        note = (
+            f"colour, upper number: {cfg.method}'s ratio to the best baseline per setting; "
+            f"(lower): to {cfg.reference}; box: 95% interval at or above the paper's "
+            f"{cfg.headline:g}x against {cfg.reference}; dot: inside the paper's stated setup"
+        )
+        fig.supxlabel(wrap_title(note, 140), fontsize=5)
+    return fig
+
+
+def _box(i: int, j: int) -> Any:
+    from matplotlib.patches import Rectangle
+
+    return Rectangle((j - 0.46, i - 0.46), 0.92, 0.92, fill=False, edgecolor="black", linewidth=1.0)
+
+
+def verdict_table(cfg: RegimeConfig, table: pd.DataFrame) -> pd.DataFrame:
+    """The map in a few rows (the paper's table): per scope (every setting, the paper's stated
+    setup) and comparison (the reference, the best baseline), how many settings the headline
+    holds in, is unresolved in or lies above, how many the method wins, ties or loses against
+    the baseline, and the largest ratio with its interval."""
+    out = []
+    for scope, t in (("all settings", table), ("paper's setup", table[table["paper_setup"]])):
+        for versus, name in (("ref", cfg.reference), ("best", "best baseline")):
+            col = f"ratio_{versus}"
+            low, high = t[f"{col}_low"], t[f"{col}_high"]
+            i = t[col].idxmax() if len(t) else None
+            out.append(
+                {
+                    "settings": scope,
+                    "versus": name,
+                    "n": len(t),
+                    f"headline {cfg.headline:g}x holds": int(
+                        (t[f"headline_vs_{versus}"] == "holds").sum()
+                    ),
+                    "unresolved": int((t[f"headline_vs_{versus}"] == "unresolved").sum()),
+                    "below": int((t[f"headline_vs_{versus}"] == "below").sum()),
+                    "method better": int((low > 1).sum()),
+                    "worse": int((high < 1).sum()),
+                    "max ratio": float(t.loc[i, col]) if i is not None else float("nan"),
+                    "its ci95": (
+                        f"[{t.loc[i, f'{col}_low']:.2f}, {t.loc[i, f'{col}_high']:.2f}]"
+                        if i is not None
+                        else ""
+                    ),
+                }
+            )
+    return pd.DataFrame(out)

@@ -1,0 +1,316 @@
+"""Regime maps (skv.experiments.regimes): the grid, the paired ratios, the verdicts, the
+claim values and the figure, on cells whose answers are known; and SAECache's cell."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from skv.experiments import regimes as R
+from skv.experiments.config import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+
+BASE = {
+    "id": "toy",
+    "seeds": [0, 1, 2],
+    "axes": {"load": [1, 2], "mix": ["a", "b"], "think": [0.5]},
+    "method": "m",
+    "baselines": ["ref", "other"],
+    "reference": "ref",
+    "metric": "ttft",
+    "better": "lower",
+    "headline": 1.4,
+    "paper_setup": {"mix": ["a"]},
+    "rows": "mix",
+    "cols": "load",
+}
+
+#: per (load, mix): the method's TTFT factor against ref (ref / m), and other's TTFT
+#: relative to ref; seed s adds a spread of +-5% around the factor
+FACTORS = {(1, "a"): 2.0, (1, "b"): 1.0, (2, "a"): 1.39, (2, "b"): 0.5}
+
+
+def toy_cell(cfg: R.RegimeConfig, setting: dict, seed: int) -> dict:
+    ref = 100.0 * setting["load"]
+    factor = FACTORS[(setting["load"], setting["mix"])] * (1 + 0.01 * (seed - 1))
+    other = ref * (0.9 if setting["mix"] == "b" else 1.5)  # the best baseline when mix is b
+    return {
+        "ref": {"ttft": ref, "hit": 0.5},
+        "other": {"ttft": other, "hit": 0.6 if setting["mix"] == "a" else 0.4},
+        "m": {"ttft": ref / factor, "hit": 0.55},
+    }
+
+
+def toy(**changes) -> R.RegimeConfig:
+    return R.RegimeConfig.model_validate({**BASE, **changes})
+
+
+@pytest.fixture(scope="module")
+def grid() -> tuple[R.RegimeConfig, pd.DataFrame, pd.DataFrame]:
+    cfg = toy(secondary={"hit": "higher"})
+    rows = R.run_grid(cfg, toy_cell, jobs=1)
+    return cfg, rows, R.summary(cfg, rows)
+
+
+def test_grid_is_the_product_of_the_axes_with_every_policy_and_seed(grid):
+    cfg, rows, table = grid
+    assert len(cfg.settings()) == 4
+    assert cfg.settings()[0] == {"load": 1, "mix": "a", "think": 0.5}
+    assert cfg.settings()[1] == {"load": 1, "mix": "b", "think": 0.5}  # last axis fastest
+    assert len(rows) == 4 * 3 * 3
+    assert set(rows["policy"]) == {"m", "ref", "other"}
+    assert list(table["mix"].astype(str)) == ["a", "b", "a", "b"]
+
+
+def test_ratio_is_baseline_over_method_paired_per_seed(grid):
+    _, _, table = grid
+    row = table[(table["load"] == "1") & (table["mix"] == "a")].iloc[0]
+    # per seed 2.0 * (0.99, 1.00, 1.01): mean 2.0, a Student-t interval around it
+    assert row["ratio_ref"] == pytest.approx(2.0)
+    half = 2.0 * 0.01 * 4.302652729911275 / math.sqrt(3)  # t(0.975, 2) * sd / sqrt(n)
+    assert row["ratio_ref_low"] == pytest.approx(2.0 - half)
+    assert row["ratio_ref_high"] == pytest.approx(2.0 + half)
+    assert row["headline_vs_ref"] == "holds"
+    assert row["best_baseline"] == "ref"  # other is 1.5x slower there
+
+
+def test_best_baseline_is_picked_per_setting_by_its_mean(grid):
+    _, _, table = grid
+    row = table[(table["load"] == "2") & (table["mix"] == "b")].iloc[0]
+    assert row["best_baseline"] == "other"  # 0.9 x ref's TTFT
+    assert row["ratio_best"] == pytest.approx(0.9 * 0.5)
+    assert row["vs_best"] == "loses"
+    assert row["headline_vs_best"] == "below"
+
+
+def test_verdicts_name_an_interval_that_contains_the_threshold_unresolved(grid):
+    _, _, table = grid
+    near = table[(table["load"] == "2") & (table["mix"] == "a")].iloc[0]  # 1.39 +- 0.06
+    assert near["headline_vs_ref"] == "unresolved"
+    assert near["vs_best"] == "wins"
+    equal = table[(table["load"] == "1") & (table["mix"] == "b")].iloc[0]  # 1.0 +- 0.04 vs ref
+    assert equal["ratio_ref_low"] < 1 < equal["ratio_ref_high"]
+    assert equal["vs_best"] == "loses"  # other is best there, 0.9 x ref's TTFT
+    assert R._verdict([1.0, 1.0], 1.0, ("wins", "tie", "loses")) == "tie"
+    assert R._verdict([1.4, 1.5], 1.4, R.VERDICTS) == "holds"
+
+
+def test_paper_setup_marks_only_the_stated_values(grid):
+    _, _, table = grid
+    assert list(table["paper_setup"]) == [True, False, True, False]
+
+
+def test_secondary_metric_is_method_minus_best_baseline_by_that_metric(grid):
+    _, _, table = grid
+    a = table[table["mix"] == "a"].iloc[0]
+    b = table[table["mix"] == "b"].iloc[0]
+    assert a["best_by_hit"] == "other" and a["hit_diff"] == pytest.approx(0.55 - 0.6)
+    assert b["best_by_hit"] == "ref" and b["hit_diff"] == pytest.approx(0.55 - 0.5)
+
+
+def test_claim_values_count_verdicts_and_pool_ratios_over_settings(grid):
+    cfg, rows, table = grid
+    v = R.claim_values(cfg, rows, table)
+    assert (v["settings"], v["paper_settings"]) == (4, 2)
+    assert (v["all_ref_holds"], v["all_ref_unresolved"], v["all_ref_below"]) == (1, 1, 2)
+    assert (v["paper_ref_holds"], v["paper_ref_unresolved"]) == (1, 1)
+    assert v["all_max_ratio_ref"]["value"] == pytest.approx(2.0)
+    assert v["all_max_ratio_ref_at"] == "load 1, mix a, think 0.5"
+    # seed 1 has factor exactly 2.0, 1.0, 1.39, 0.5 in the four settings
+    gm = math.exp(np.mean(np.log([2.0, 1.0, 1.39, 0.5])))
+    assert v["all_geomean_ratio_ref"]["value"] == pytest.approx(gm, rel=1e-3)
+    assert v["paper_geomean_ratio_ref"]["value"] == pytest.approx(math.sqrt(2.0 * 1.39), rel=1e-3)
+    assert v["all_hit_diff"]["value"] == pytest.approx(0.0)  # -0.05 twice, +0.05 twice
+
+
+def test_verdict_table_rows(grid):
+    cfg, _, table = grid
+    t = R.verdict_table(cfg, table)
+    assert list(t["settings"]) == ["all settings", "all settings", "paper's setup", "paper's setup"]
+    first = t.iloc[0]
+    assert (first["n"], first["headline 1.4x holds"], first["below"]) == (4, 1, 2)
+    assert first["max ratio"] == pytest.approx(2.0)
+
+
+def test_figure_draws_one_panel_per_other_axis_combination(grid):
+    from skv.experiments.plotstyle import check_figure
+
+    cfg, _, table = grid
+    fig = R.regime_figure(cfg, table, "toy map")
+    check_figure(fig, "fig_toy")
+    panels = [ax for ax in fig.axes if ax.get_visible() and ax.images]
+    assert len(panels) == 1  # think has one value, load and mix are rows/cols
+    boxes = [p for p in panels[0].patches if not p.get_fill()]
+    assert len(boxes) == 1  # only (load 1, mix a) holds the headline
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"rows": "nope"}, "rows: 'nope' is not an axis"),
+        ({"cols": "mix"}, "rows and cols name the same axis"),
+        ({"reference": "x"}, "not one of the baselines"),
+        ({"baselines": ["ref", "m"]}, "is the method"),
+        ({"paper_setup": {"mix": ["z"]}}, "paper_setup.mix: 'z'"),
+        ({"paper_setup": {"nope": [1]}}, "paper_setup.nope: not an axis"),
+        ({"axes": {"load": [1, 1], "mix": ["a"]}}, "given twice"),
+        ({"axes": {"load": list(range(8)), "mix": list(range(8)), "t": list(range(8))}}, "at most"),
+        ({"seeds": [0]}, "seeds"),
+    ],
+)
+def test_bad_configs_name_the_field(changes, message):
+    with pytest.raises(ValueError, match=message):
+        toy(**changes)
+
+
+def test_quick_overrides_merge_axes(tmp_path):
+    import yaml
+
+    data = {**BASE, "quick": {"seeds": [0, 1], "axes": {"load": [1]}}}
+    path = tmp_path / "map.yaml"
+    path.write_text(yaml.safe_dump(data))
+    full = R.load_config(path, R.RegimeConfig, quick=False)
+    quick = R.load_config(path, R.RegimeConfig, quick=True)
+    assert full.axes["load"] == [1, 2] and full.seeds == [0, 1, 2]
+    assert quick.axes == {"load": [1], "mix": ["a", "b"], "think": [0.5]}
+    assert quick.seeds == [0, 1]
+    path.write_text(yaml.safe_dump({**BASE, "headline": -1}))
+    with pytest.raises(ConfigError, match=r"map.yaml: headline"):
+        R.load_config(path, R.RegimeConfig, quick=False)
+
+
+def test_a_cell_missing_a_policy_is_an_error():
+    cfg = toy()
+    with pytest.raises(ValueError, match="no result for"):
+        R.run_grid(cfg, lambda c, s, seed: {"m": {"ttft": 1.0}}, jobs=1)
+
+
+# ---------------------------------------------------------------------------- SAECache's map
+
+SAE_CONFIG = REPO / "experiments/saecache/saecache_regimes.yaml"
+
+
+def test_saecache_setting_config_applies_each_axis():
+    from skv.experiments.saecache import regimes as SR
+
+    cfg = SR.load(SAE_CONFIG, quick=False)
+    setting = {
+        "capacity": "40%",
+        "arrival_s": [0.05, 0.08],
+        "multi_turn_share": 0.9,
+        "tool_use_share": 0.5,
+        "gap_mu": 0.7,
+    }
+    exp = SR.setting_config(cfg, setting)
+    p = exp.workload.params
+    assert exp.capacities == ["40%"]
+    assert (p["arrival_min_s"], p["arrival_max_s"]) == (0.05, 0.08)
+    assert (p["multi_turn_share"], p["tool_use_share"], p["gap_mu"]) == (0.9, 0.5, 0.7)
+    assert p["num_requests"] == cfg.num_requests
+    assert [q.key for q in exp.policies] == cfg.policies
+
+
+def test_saecache_cell_serves_one_trace_to_every_policy():
+    from skv.experiments.saecache import regimes as SR
+
+    cfg = SR.load(SAE_CONFIG, quick=True).model_copy(update={"num_requests": 120})
+    setting = cfg.settings()[0]
+    out = SR.cell(cfg, setting, 0)
+    assert set(out) == set(cfg.policies)
+    assert all(set(m) == set(SR.METRICS) for m in out.values())
+    assert out == SR.cell(cfg, setting, 0)  # seeded
+    # a larger cache never lowers lru's hit rate on the same trace
+    big = SR.cell(cfg, {**setting, "capacity": "90%"}, 0)
+    assert big["lru"]["token_hit_rate"] >= out["lru"]["token_hit_rate"]
+
+
+def test_saecache_config_rejects_a_bad_axis_value(tmp_path):
+    import yaml
+
+    from skv.experiments.saecache import regimes as SR
+
+    data = yaml.safe_load(SAE_CONFIG.read_text())
+    data["axes"]["multi_turn_share"] = [0.5, 1.5]
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match="multi_turn_share"):
+        SR.load(path, quick=False)
+    data = yaml.safe_load(SAE_CONFIG.read_text())
+    data["secondary"] = {"nope": "higher"}
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match="a cell records"):
+        SR.load(path, quick=False)
+
+
+# --------------------------------------------------------------------------- CacheRoute's map
+
+ROUTE_CONFIG = REPO / "experiments/cacheroute/cacheroute_regimes.yaml"
+
+
+def test_cacheroute_setting_config_applies_each_axis_and_scales_the_search():
+    from skv.experiments.cacheroute import regimes as CR
+    from skv.experiments.cacheroute import study as S
+
+    cfg = CR.load(ROUTE_CONFIG, quick=False)
+    base = S.load_config(cfg.base, quick=False)
+    setting = {
+        "replicas": 4,
+        "gpu_memory_utilization": 0.5,
+        "key_zipf": 0.8,
+        "shared_share": 0.5,
+        "prefix_blocks": [2, 8],
+        "slo_ms": 2000,
+    }
+    run = CR.setting_config(cfg, setting)
+    assert (run.cluster.replicas, run.cluster.gpu_memory_utilization) == (4, 0.5)
+    assert run.slo_ms == 2000
+    p = run.workloads[0].params
+    assert (p["key_zipf"], p["shared_share"], tuple(p["prefix_blocks"])) == (0.8, 0.5, (2, 8))
+    assert run.search.lo == pytest.approx(base.search.lo * 4 / base.cluster.replicas)
+    assert run.search.hi == pytest.approx(base.search.hi * 4 / base.cluster.replicas)
+    assert [r.key for r in run.routers] == [r.key for r in base.routers if r.key in cfg.policies]
+    assert set(cfg.policies) == {r.key for r in run.routers}
+    assert run.measured_requests == cfg.measured_requests
+
+
+def test_cacheroute_map_names_a_router_missing_from_its_base(tmp_path):
+    import yaml
+
+    from skv.experiments.cacheroute import regimes as CR
+
+    data = yaml.safe_load(ROUTE_CONFIG.read_text())
+    data["baselines"] = [*data["baselines"], "nope"]
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match="router 'nope' is not in"):
+        CR.load(path, quick=False)
+
+
+def test_shared_share_gives_private_prefixes_and_leaves_share_one_unchanged():
+    from skv.experiments.cacheroute.workloads import SyntheticParams, aggregate
+
+    full = aggregate(SyntheticParams(num_requests=2000), 10.0, 3)
+    one = aggregate(SyntheticParams(num_requests=2000, shared_share=1.0), 10.0, 3)
+    assert [r.hash_ids for r in full] == [r.hash_ids for r in one]
+    half = aggregate(SyntheticParams(num_requests=2000, shared_share=0.8), 10.0, 3)
+    private = [r for r in half if r.session_id.startswith("private")]
+    assert 0.17 < len(private) / len(half) < 0.23
+    # a private prefix's blocks are seen by no other request; its length is its key's
+    seen: dict[int, int] = {}
+    for r in half:
+        for h in r.hash_ids:
+            seen[h] = seen.get(h, 0) + 1
+    assert all(seen[h] == 1 for r in private for h in r.hash_ids)
+    # a shared request keeps its key's prefix: the same key blocks as in the all-shared run
+    for h, f in zip(half, full, strict=True):
+        keyed = [x for x in f.hash_ids if x < 1 << 40]
+        if not h.session_id.startswith("private"):
+            assert h.hash_ids[: len(keyed)] == keyed
+    # the same arrival times and prompt lengths as the all-shared run (common random numbers)
+    assert [r.arrival_s for r in half] == [r.arrival_s for r in full]
+    assert [r.prompt_tokens for r in half] == [r.prompt_tokens for r in full]

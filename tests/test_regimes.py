@@ -314,3 +314,119 @@ def test_shared_share_gives_private_prefixes_and_leaves_share_one_unchanged():
     # the same arrival times and prompt lengths as the all-shared run (common random numbers)
     assert [r.arrival_s for r in half] == [r.arrival_s for r in full]
     assert [r.prompt_tokens for r in half] == [r.prompt_tokens for r in full]
+
+
+# ---------------------------------------------------------------------------- Repurpose's map
+
+REPURPOSE_CONFIG = REPO / "experiments/repurpose/repurpose_regimes.yaml"
+
+
+def _rag(**changes):
+    from skv.workloads import WORKLOADS
+    from skv.workloads.zipf_rag import ZipfRagParams
+
+    return WORKLOADS["zipf_rag"](ZipfRagParams(**{"num_requests": 60, "seed": 4, **changes}))
+
+
+def test_zipf_rag_doc_order_and_docs_first_change_only_the_layout():
+    base, ordered, first = _rag(), _rag(doc_order="sorted"), _rag(docs_first=True)
+    for b, o, f in zip(base, ordered, first, strict=True):
+        assert o.extra["doc_ids"] == sorted(b.extra["doc_ids"])
+        assert f.extra == b.extra and f.prompt_tokens == b.prompt_tokens
+        types = [s.stype.value for s in f.segments]
+        if b.extra["prefix"] == "fixed":  # the fixed prefix does not vary: it stays first
+            assert [s.stype for s in f.segments] == [s.stype for s in b.segments]
+        else:
+            assert types[0] == "retrieved_context" and types[-1] == "user_query"
+            assert "system" in types[types.index("retrieved_context") :]
+
+
+def test_prefix_ceiling_refuses_a_layout_it_does_not_model():
+    from skv.workloads.zipf_rag import ZipfRagParams, prefix_ceiling
+
+    for changes in ({"doc_order": "sorted"}, {"docs_first": True}):
+        with pytest.raises(ValueError, match="retrieval order"):
+            prefix_ceiling(ZipfRagParams(num_requests=10, **changes))
+
+
+def test_prefix_hits_split_into_head_and_documents():
+    from skv.experiments.repurpose import regimes as RR
+    from skv.replay import compile_trace
+
+    cfg = RR.load(REPURPOSE_CONFIG, quick=True)
+    # every request on the one fixed prefix, a cache that holds everything: the head hits
+    # on every request but the first
+    reqs = _rag(num_requests=200, fixed_prefix_fraction=1.0, docs_per_request=1)
+    trace = compile_trace(reqs, block_size=16, mode="prefix")
+    got = RR.replay(trace, "lru", 10**7)
+    assert got["head_hit_rate"] + got["doc_hit_rate"] == pytest.approx(got["token_hit_rate"])
+    assert got["head_hit_rate"] == pytest.approx(got["head_share"] * 199 / 200, rel=0.02)
+    assert got["doc_hit_rate"] > 0  # popular documents recur behind the one prefix
+    # segment keying: several chains per request, no split
+    seg = RR.replay(compile_trace(reqs, block_size=16, mode="segment"), "lru", 10**7)
+    assert math.isnan(seg["head_hit_rate"]) and seg["token_hit_rate"] >= got["token_hit_rate"]
+    # a small cache cuts hit runs inside documents: the parts still add up, neither negative
+    reqs = _rag(num_requests=300, docs_per_request=4, zipf_alpha=1.4)
+    small = RR.replay(compile_trace(reqs, block_size=16, mode="prefix"), "lru", 1500)
+    assert small["doc_hit_rate"] > 0
+    assert small["head_hit_rate"] >= 0
+    assert small["head_hit_rate"] + small["doc_hit_rate"] == pytest.approx(small["token_hit_rate"])
+    out = RR.cell(cfg, cfg.settings()[0], 0)
+    assert set(out) == {"prefix", "segment"}
+
+
+def test_repurpose_map_config_checks():
+    import yaml
+
+    from skv.experiments.repurpose import regimes as RR
+
+    cfg = RR.load(REPURPOSE_CONFIG, quick=False)
+    assert RR.workload_params(cfg, {"docs_first": True, "capacity": "1TB"}, 3).docs_first
+    data = yaml.safe_load(REPURPOSE_CONFIG.read_text())
+    data["axes"]["docs_per_request"] = [1, 20000]
+    with pytest.raises(ValueError, match="docs_per_request"):
+        RR.RepurposeRegimeConfig.model_validate({k: v for k, v in data.items() if k != "quick"})
+    data = yaml.safe_load(REPURPOSE_CONFIG.read_text())
+    data["baselines"] = ["segment"]
+    data["method"] = "prefix"
+    data["reference"] = "segment"
+    RR.RepurposeRegimeConfig.model_validate({k: v for k, v in data.items() if k != "quick"})
+    data["baselines"], data["reference"] = ["lru"], "lru"
+    with pytest.raises(ValueError, match="two keyings"):
+        RR.RepurposeRegimeConfig.model_validate({k: v for k, v in data.items() if k != "quick"})
+
+
+# ------------------------------------------------------- saecache's ablation in a cache replay
+
+
+def test_saecache_ablation_replays_each_variant_and_all_off_is_lru(tmp_path):
+    from skv.experiments.replay import capacity as C
+    from skv.replay import compile_trace, replay_one, resolve_capacities, trace_totals
+    from skv.workloads import make_workload
+
+    reqs = make_workload("sharegpt_like", num_requests=400, seed=2)
+    off = {"queue_weights": False, "type_weights": False, "lognormal_timing": False,
+           "position_decay": False}  # fmt: skip
+    spec = {"policy": "saecache", "capacity": "10%",
+            "variants": {"no_timing": {"lognormal_timing": False}, "all_off": off}}  # fmt: skip
+    rows = C.ablation_rows(reqs, spec)
+    assert list(rows["variant"]) == ["default", "no_timing", "all_off"]
+    trace = compile_trace(reqs)
+    tot = trace_totals(trace)
+    [(_, cap)] = resolve_capacities(["10%"], block_size=trace[0].block_size,
+                                    unique_blocks=tot.unique_blocks, model=None)  # fmt: skip
+    lru = replay_one(trace, "lru", cap, totals=tot)["block_hit_rate"]
+    got = dict(zip(rows["variant"], rows["block_hit_rate"], strict=True))
+    assert got["all_off"] == lru  # the priority is 1 / time since last access
+    assert got["default"] == replay_one(trace, "saecache", cap, totals=tot)["block_hit_rate"]
+    assert got["no_timing"] != got["default"]
+    bad = {**spec, "variants": {"typo": {"lognormal_timin": False}}}
+    with pytest.raises(ValueError, match="lognormal_timin"):
+        C.ablation_rows(reqs, bad)
+    cfg = tmp_path / "r.yaml"
+    cfg.write_text("id: r\ntrace: x.jsonl\npolicies: [lru]\ncapacities: ['1%']\n"
+                   "ablation: {policy: saecache, capacity: '10%', variants: {}}\n")  # fmt: skip
+    from skv.experiments.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"ablation\.variants"):
+        C.load_replay_config(cfg, quick=False)

@@ -295,6 +295,16 @@ STEPS: dict[str, Step] = {
             ),
         ),
         Step(
+            "fig_repurpose_regimes",
+            "repurpose",
+            "experiments/repurpose/repurpose_regimes.yaml",
+            (
+                *_fig("fig_repurpose_regimes"),
+                "tables/repurpose_regimes.csv",
+                "tables/repurpose_regimes.tex",
+            ),
+        ),
+        Step(
             "fig_repurpose_vllm",
             "repurpose",
             "experiments/repurpose/repurpose_vllm.yaml",
@@ -344,6 +354,16 @@ STEPS: dict[str, Step] = {
                 "tables/cacheroute_mooncake.tex",
             ),
             needs_traces=("mooncake/conversation_trace.jsonl",),
+        ),
+        Step(
+            "fig_cacheroute_regimes",
+            "cacheroute",
+            "experiments/cacheroute/cacheroute_regimes.yaml",
+            (
+                *_fig("fig_cacheroute_regimes"),
+                "tables/cacheroute_regimes.csv",
+                "tables/cacheroute_regimes.tex",
+            ),
         ),
     )
 }

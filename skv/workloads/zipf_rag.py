@@ -34,6 +34,7 @@ infinite cache), computed from these parameters.
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -90,6 +91,12 @@ class ZipfRagParams(WorkloadParams):
     fixed_prefix_tokens: int = Tokens(1024, "length of the fixed prefix")
     question_tokens: int = Tokens(64, "mean question length (unique per request)")
     output_tokens: int = Tokens(128, "mean answer length")
+    #: the documents in the retriever's order (popular ones tend to come first) or sorted by
+    #: id (a canonical order: the same set of documents is the same token sequence)
+    doc_order: Literal["retrieval", "sorted"] = "retrieval"
+    #: the documents before the varying system prompt and history instead of after them (a
+    #: fixed-prefix request keeps its fixed prefix first: it does not vary)
+    docs_first: bool = False
 
     @model_validator(mode="after")
     def _docs_fit(self) -> ZipfRagParams:
@@ -139,8 +146,10 @@ def chats(params: ZipfRagParams, ctx: Context) -> list[Chat]:
     ``[system s, user h, assistant h, user]`` with ``s`` uniform over ``num_system_prompts``
     and ``h`` uniform over ``num_histories``. The last user message holds
     ``docs_per_request`` distinct documents drawn Zipf(``zipf_alpha``) in draw order (popular
-    documents tend to come first, as a retriever's ranking), then ``Question: ...``.
-    ``extra``: ``doc_ids`` and ``prefix`` (``"fixed"`` or ``"s/h"``).
+    documents tend to come first, as a retriever's ranking; ``doc_order="sorted"``: by id), then
+    ``Question: ...``. With ``docs_first`` a drawn-prefix request is ``[user documents, system
+    s, user h, assistant h, user question]`` instead. ``extra``: ``doc_ids`` and ``prefix``
+    (``"fixed"`` or ``"s/h"``).
     """
     p = params
     tg = ctx.textgen
@@ -164,6 +173,8 @@ def chats(params: ZipfRagParams, ctx: Context) -> list[Chat]:
                 hist = histories[h] = (Message("user", (u,)), Message("assistant", (a,)))
             head, variant = [systems[s], *hist], f"{s}/{h}"
         doc_ids = zipf.sample_distinct(rng, p.docs_per_request)
+        if p.doc_order == "sorted":
+            doc_ids = sorted(doc_ids)
         sections: list[str] = []
         for d in doc_ids:
             text = docs.get(d)
@@ -171,12 +182,16 @@ def chats(params: ZipfRagParams, ctx: Context) -> list[Chat]:
                 text = docs[d] = document(tg, d, p)
             sections.append(text)
         question = tg.fresh(rng, draw_length(rng, p.question_tokens, p.length_sigma))
-        sections.append(tg.join("Question:", question))
+        asked = tg.join("Question:", question)
+        if p.docs_first and variant != "fixed":
+            messages = [Message("user", tuple(sections)), *head, Message("user", (asked,))]
+        else:
+            messages = [*head, Message("user", (*sections, asked))]
         out.append(
             Chat(
                 request_id=f"{ctx.id_prefix}{NAME}-{i:06d}",
                 arrival_s=ctx.time_offset_s + t,
-                messages=[*head, Message("user", tuple(sections))],
+                messages=messages,
                 output_tokens=draw_length(rng, p.output_tokens, p.length_sigma),
                 extra={"doc_ids": doc_ids, "prefix": variant},
             )
@@ -217,6 +232,11 @@ def prefix_ceiling(
     those truncations.
     """
     p = params
+    if p.doc_order != "retrieval" or p.docs_first:
+        raise ValueError(
+            "prefix_ceiling models the documents in retrieval order after the prefix "
+            f"(doc_order 'retrieval', docs_first false), got {p.doc_order!r}, {p.docs_first}"
+        )
     n = p.num_requests
     tg = TextGen(p.seed)
     from skv.tokenize import SimpleTokenizer

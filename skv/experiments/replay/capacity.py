@@ -30,6 +30,17 @@ from skv.experiments.plotstyle import (
 MAX_REPLAY_LIST = 100
 
 
+class Ablation(BaseModel):
+    """One policy's components switched off, each variant replayed at one capacity beside the
+    policy with its defaults: ``variants`` maps a label to the parameters that switch it off."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    policy: str
+    capacity: str
+    variants: dict[str, dict[str, Any]] = Field(min_length=1, max_length=16)
+
+
 class _ReplayFields(BaseModel):
     """The types and bounds of a replay config's fields (the file's top level, and its
     ``quick:`` overrides, which may set any of them but ``quick``)."""
@@ -46,6 +57,7 @@ class _ReplayFields(BaseModel):
     max_requests: int | None = Field(default=None, ge=1)
     reuse_policy: str | None = None
     reuse_capacity: str | None = None
+    ablation: Ablation | None = None
     quick: dict[str, Any] | None = None
 
 
@@ -115,6 +127,30 @@ def capacity_curve(
     )
     df["capacity_share"] = [_share(c) for c in df["capacity"]]
     return df
+
+
+def ablation_rows(requests: Sequence, spec: dict[str, Any]) -> pd.DataFrame:
+    """Cache-only replay of ``spec``'s policy with its defaults and of each variant, at its
+    one capacity: one row per variant (``default`` first) with its block and token hit rate.
+    A variant's parameters are checked by the policy, so a typo fails, naming it."""
+    from skv.replay import compile_trace, replay_one, resolve_capacities, trace_totals
+
+    ab = Ablation.model_validate(spec)
+    trace = compile_trace(requests)
+    totals = trace_totals(trace)
+    [(_, cap)] = resolve_capacities(
+        [ab.capacity],
+        block_size=trace[0].block_size,
+        unique_blocks=totals.unique_blocks,
+        model=None,
+    )
+    rows = []
+    for label, params in {"default": {}, **ab.variants}.items():
+        row = replay_one(trace, ab.policy, cap, params=params or None, totals=totals)
+        rows.append({"variant": label, "policy": ab.policy, "capacity": ab.capacity,
+                     "block_hit_rate": row["block_hit_rate"],
+                     "token_hit_rate": row["token_hit_rate"]})  # fmt: skip
+    return pd.DataFrame(rows)
 
 
 def _share(spec: str) -> float:

@@ -1,0 +1,193 @@
+"""KV-Repurpose's regime map: where segment keying's lead over prefix caching is the paper's.
+
+The grid (``experiments/repurpose/repurpose_regimes.yaml``) varies the ``zipf_rag`` workload's
+structure around the capacity study's setting: the cache (``capacity``), the share of requests
+on the one fixed prefix, whether the system prompt and history before the documents recur
+(``num_histories``: 32 variants, or so many that each is new), the documents per request,
+where the varying part sits (``docs_first``) and the documents' order (``doc_order``). Each
+(setting, seed) is one workload, compiled once per keying and replayed once through the same
+``lru`` cache (:func:`skv.experiments.repurpose.study.chain_hits`, the capacity study's
+replay), so the two keyings are paired within a seed.
+
+What explains prefix caching's level. Under prefix keying a request hits one leading run of
+its prompt, so its hit tokens split exactly into those of blocks before the first document
+(the fixed prefix, the system prompt, the history: ``head``) and those of document blocks
+(``docs``); a cell records both, with the share of the prompt that is head. The capacity
+study's 20.9% at 30 GB against the paper's 3.3% is then a statement about which of the two
+recurs, measured rather than argued.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationError, model_validator
+
+from skv.experiments import regimes as R
+from skv.experiments.repurpose import study as S
+from skv.model import TYPE_INDEX, SemanticType
+
+MODES = ("prefix", "segment")
+#: what a cell records per keying (``head_*``/``doc_*``: the hit rate's two parts)
+METRICS = ("token_hit_rate", "head_hit_rate", "doc_hit_rate", "head_share")
+#: the block type codes (a compiled trace's ints) of documents and of the question
+DOC = TYPE_INDEX[SemanticType.RETRIEVED_CONTEXT]
+QUESTION = TYPE_INDEX[SemanticType.USER_QUERY]
+
+
+class RepurposeRegimeConfig(R.RegimeConfig):
+    """``experiments/repurpose/repurpose_regimes.yaml``: ``workload`` holds the ``zipf_rag``
+    parameters every setting starts from; an axis named ``capacity`` sets the cache, any
+    other axis the workload parameter of its name."""
+
+    workload: dict[str, Any] = Field(default_factory=dict)
+    policy: str = "lru"
+    model: str = "llama-3.1-8b"
+    block_size: int = Field(default=16, ge=1, le=4096)
+
+    @model_validator(mode="after")
+    def _check_settings(self) -> RepurposeRegimeConfig:
+        from skv.experiments.config import _flatten
+
+        if set(self.policies) != set(MODES):
+            raise ValueError(f"method and baselines: the two keyings {MODES}")
+        for m in (self.metric, *self.secondary):
+            if m not in METRICS:
+                raise ValueError(f"metric {m!r}: a cell records {', '.join(METRICS)}")
+        for setting in self.settings():
+            try:
+                workload_params(self, setting, 0)
+                S.capacity_blocks(str(setting.get("capacity", "30GB")), block_size=self.block_size,
+                                  model=self.model, total_blocks=1)  # fmt: skip
+            except ValidationError as exc:
+                raise ValueError(f"axes: setting {setting}: {_flatten(exc)}") from None
+            except (KeyError, ValueError) as exc:
+                raise ValueError(f"axes: setting {setting}: {exc}") from None
+        return self
+
+
+def workload_params(cfg: RepurposeRegimeConfig, setting: dict[str, Any], seed: int) -> Any:
+    from skv.workloads.zipf_rag import ZipfRagParams
+
+    over = {k: v for k, v in setting.items() if k != "capacity"}
+    return ZipfRagParams(**{**cfg.workload, **over, "seed": seed})
+
+
+def replay(trace: Any, policy: str, capacity: int) -> dict[str, float]:
+    """One keying's replay: the token hit rate and, for a request's leading hit run, how many
+    of its tokens are document blocks and how many come before them."""
+    from skv.replay import trace_totals
+
+    totals = trace_totals(trace)
+    chains, stats = S.chain_hits(trace, policy, capacity)
+    doc_hits = head_tokens = 0
+    for rb, hits in zip(trace, chains, strict=True):
+        head_tokens += sum(t for t, st in zip(rb.tokens, rb.stypes, strict=True) if st != DOC)
+        if len(hits) == 1:  # one chain (prefix keying): its hits are its first blocks
+            left = hits[0]
+            for t, st in zip(rb.tokens, rb.stypes, strict=True):
+                if left <= 0:
+                    break
+                if st == DOC:
+                    doc_hits += min(t, left)
+                left -= t
+    prompt = totals.prompt_tokens
+    hit = stats.hit_tokens
+    single = all(len(h) == 1 for h in chains)
+    return {
+        "token_hit_rate": hit / prompt,
+        "doc_hit_rate": doc_hits / prompt if single else float("nan"),
+        "head_hit_rate": (hit - doc_hits) / prompt if single else float("nan"),
+        "head_share": _question_free(head_tokens, trace) / prompt,
+    }
+
+
+def _question_free(head_tokens: int, trace: Any) -> int:
+    """Non-document tokens less each request's question (its last user segment): what
+    precedes or follows the documents and can recur."""
+    question = 0
+    for rb in trace:
+        # the question is the trailing run of user-query blocks
+        for t, st in zip(reversed(rb.tokens), reversed(rb.stypes), strict=True):
+            if st != QUESTION:
+                break
+            question += t
+    return head_tokens - question
+
+
+def cell(
+    cfg: RepurposeRegimeConfig, setting: dict[str, Any], seed: int
+) -> dict[str, dict[str, float]]:
+    from skv.replay import compile_trace, trace_totals
+    from skv.workloads import WORKLOADS
+
+    requests = WORKLOADS["zipf_rag"](workload_params(cfg, setting, seed))
+    out = {}
+    for mode in MODES:
+        trace = compile_trace(requests, block_size=cfg.block_size, mode=mode)
+        cap = S.capacity_blocks(
+            str(setting.get("capacity", "30GB")), block_size=cfg.block_size, model=cfg.model,
+            total_blocks=trace_totals(trace).block_accesses,
+        )  # fmt: skip
+        out[mode] = replay(trace, cfg.policy, cap)
+    return out
+
+
+def load(path: str | Path, *, quick: bool) -> RepurposeRegimeConfig:
+    return R.load_config(path, RepurposeRegimeConfig, quick=quick)
+
+
+def decomposition(cfg: RepurposeRegimeConfig, rows: Any) -> Any:
+    """Per setting, prefix keying's token hit rate and its two parts (mean over seeds, in
+    percent): hits before the documents (head) and on documents, beside the head's share of
+    the prompt and segment keying's hit rate."""
+    import pandas as pd
+
+    axes = list(cfg.axes)
+    pre = rows[rows["policy"] == "prefix"].groupby(axes, sort=False, observed=True)
+    seg = rows[rows["policy"] == "segment"].groupby(axes, sort=False, observed=True)
+    out = pd.DataFrame(
+        {
+            "prefix_hit_pct": 100 * pre["token_hit_rate"].mean(),
+            "prefix_head_hit_pct": 100 * pre["head_hit_rate"].mean(),
+            "prefix_doc_hit_pct": 100 * pre["doc_hit_rate"].mean(),
+            "head_share_pct": 100 * pre["head_share"].mean(),
+            "segment_hit_pct": 100 * seg["token_hit_rate"].mean(),
+        }
+    )
+    return out.reset_index()
+
+
+def claim_values(cfg: RepurposeRegimeConfig, rows: Any, table: Any) -> dict[str, Any]:
+    """The map's values (:func:`skv.experiments.regimes.claim_values`) and, at the capacity
+    study's setting (``study_setting``), prefix keying's hit rate and its head and document
+    parts per seed (``study_prefix_{hit,head,doc}_pts``: Student t over seeds, in points) and
+    the head's share of the prompt (``study_head_share_pct``)."""
+    from skv.experiments.stats import interval
+
+    values = R.claim_values(cfg, rows, table)
+    at = {k: R.axis_label(v) for k, v in STUDY_SETTING.items() if k in cfg.axes}
+    d = rows[rows["policy"] == "prefix"]
+    for k, v in at.items():
+        d = d[d[k] == v]
+    if len(d) and len(at) == len(cfg.axes):
+        d = d.sort_values("seed")
+        for name, col in (("hit", "token_hit_rate"), ("head", "head_hit_rate"),
+                          ("doc", "doc_hit_rate")):  # fmt: skip
+            values[f"study_prefix_{name}_pts"] = interval(list(100 * d[col].to_numpy(float)))
+        values["study_head_share_pct"] = interval(list(100 * d["head_share"].to_numpy(float)))
+        values["study_setting"] = ", ".join(f"{k} {v}" for k, v in at.items())
+        head = 100 * d["head_hit_rate"].to_numpy(float)
+        values["study_prefix_head_of_hit"] = interval(list(head / (100 * d["token_hit_rate"])))
+    return values
+
+
+#: the capacity study's setting (``repurpose_capacity.yaml`` at its claim capacity)
+STUDY_SETTING: dict[str, Any] = {
+    "capacity": "30GB",
+    "fixed_prefix_fraction": 0.2,
+    "docs_per_request": 4,
+    "docs_first": False,
+    "doc_order": "retrieval",
+}

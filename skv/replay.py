@@ -30,6 +30,7 @@ from skv.model import NUM_TYPES, TYPES
 from skv.policies.registry import OFFLINE, make_cache, make_policy, policy_class
 from skv.runtime import no_cyclic_gc
 from skv.sizing import Capacity
+from skv.tiers import TieredCache, TierSpec, resolve_tiers, tier_row
 
 log = logging.getLogger(__name__)
 
@@ -251,6 +252,85 @@ def replay_one(
     return row
 
 
+def replay_tiered(
+    trace: Sequence[RequestBlocks],
+    policy: str,
+    capacity_blocks: int,
+    lower: list[tuple[TierSpec, int]],
+    *,
+    write: str = "through",
+    load: str = "copy",
+    totals: TraceTotals | None = None,
+    model: str | None = None,
+    progress: bool | None = None,
+) -> dict[str, Any]:
+    """Replay ``trace`` through a :class:`~skv.tiers.TieredCache`: ``policy`` at
+    ``capacity_blocks`` in GPU memory over the ``lower`` tiers. The row has
+    :func:`replay_one`'s fields, hits counted over all tiers, plus ``tiers`` (per tier hits,
+    evictions, and blocks and bytes moved on its link)."""
+    totals = totals or trace_totals(trace)
+    cache = TieredCache(policy, capacity_blocks, lower, write=write, load=load)
+    compact = isinstance(trace, CompactTrace)
+    t0 = time.perf_counter()
+    with (
+        tqdm(
+            total=len(trace),
+            desc=f"{policy}@{capacity_blocks}+{len(lower)} tiers",
+            unit="req",
+            disable=(not progress) if progress is not None else None,
+            mininterval=1.0,
+            leave=False,
+        ) as bar,
+        no_cyclic_gc(),
+    ):
+        for start in range(0, len(trace), 8192):
+            stop = min(start + 8192, len(trace))
+            if compact:
+                for part in trace.parts(start, stop):
+                    cache.replay(part, 0, len(part))
+            else:
+                cache.replay(trace, start, stop)
+            bar.update(stop - start)
+    elapsed = time.perf_counter() - t0
+    st = cache.stats
+    top = cache.top.stats
+    row: dict[str, Any] = {
+        "policy": policy,
+        "capacity_blocks": capacity_blocks,
+        "requests": st.requests,
+        "prompt_tokens": st.prompt_tokens,
+        "hit_tokens": st.total_hit_tokens,
+        "block_accesses": st.block_accesses,
+        "hit_blocks": st.total_hit_blocks,
+        "token_hit_rate": st.total_hit_tokens / st.prompt_tokens if st.prompt_tokens else 0.0,
+        "block_hit_rate": st.total_hit_blocks / st.block_accesses if st.block_accesses else 0.0,
+        "ceiling_token_hit_rate": totals.ceiling_token_hit_rate,
+        "ceiling_block_hit_rate": totals.ceiling_block_hit_rate,
+        "evictions": top.evictions,
+        "ghost_hits": None,
+        "uncached_blocks": top.uncached_blocks,
+        "evictions_by_type": _by_type(top.evictions_by_type),
+        "hit_rate_by_type": {
+            TYPES[i].value: st.hit_tokens_by_type[i] / totals.tokens_by_type[i]
+            for i in range(NUM_TYPES)
+            if totals.tokens_by_type[i]
+        },
+        "params": cache.top.policy.params(),
+        **tier_row(cache, model=model),
+        "replay_seconds": round(elapsed, 3),
+    }
+    log.info(
+        "%s @ %d blocks + %s: token hit rate %.4f (%s) (%.1fs)",
+        policy,
+        capacity_blocks,
+        ", ".join(f"{s.name}={c}" for s, c in lower),
+        row["token_hit_rate"],
+        ", ".join(f"{t['tier']} {t['token_hit_rate']:.4f}" for t in row["tiers"]),
+        elapsed,
+    )
+    return row
+
+
 def _arrival(trace: Sequence[RequestBlocks], i: int) -> float:
     if isinstance(trace, CompactTrace):
         return trace.arrival_s(i)
@@ -283,26 +363,47 @@ def replay_trace(
     model: str | None = None,
     metrics_every: int = 0,
     progress: bool | None = None,
+    tiers: Sequence[TierSpec] = (),
+    tier_write: str = "through",
+    tier_load: str = "copy",
 ) -> list[dict[str, Any]]:
-    """Every policy at every capacity; rows in (capacity, policy) order."""
+    """Every policy at every capacity; rows in (capacity, policy) order. With ``tiers``,
+    each capacity is the GPU tier's and the lower tiers are the same for every row
+    (:func:`replay_tiered`)."""
     for policy in policies:  # fail on a bad name before hours of replay, not after
         policy_class(policy)
     totals = trace_totals(trace)
     block_size = trace[0].block_size if trace else 1
+    lower = resolve_tiers(
+        list(tiers), block_size=block_size, unique_blocks=totals.unique_blocks, model=model
+    )
     rows: list[dict[str, Any]] = []
     try:
         for spec, cap in resolve_capacities(
             capacities, block_size=block_size, unique_blocks=totals.unique_blocks, model=model
         ):
             for policy in policies:
-                row = replay_one(
-                    trace,
-                    policy,
-                    cap,
-                    totals=totals,
-                    metrics_every=metrics_every,
-                    progress=progress,
-                )
+                if lower:
+                    row = replay_tiered(
+                        trace,
+                        policy,
+                        cap,
+                        lower,
+                        write=tier_write,
+                        load=tier_load,
+                        totals=totals,
+                        model=model,
+                        progress=progress,
+                    )
+                else:
+                    row = replay_one(
+                        trace,
+                        policy,
+                        cap,
+                        totals=totals,
+                        metrics_every=metrics_every,
+                        progress=progress,
+                    )
                 rows.append({"capacity": spec, "block_size": block_size, **row})
     except KeyboardInterrupt as exc:
         exc.add_note(
@@ -333,6 +434,27 @@ CSV_COLUMNS = [
 ]
 
 
+#: per-tier CSV columns of a tiered replay, ``<tier>_<field>`` (the JSON nests them)
+TIER_FIELDS = (
+    "capacity_blocks",
+    "policy",
+    "hit_tokens",
+    "token_hit_rate",
+    "evictions",
+    "link",
+    "loaded_blocks",
+    "stored_blocks",
+    "loaded_bytes",
+    "stored_bytes",
+)
+
+
+def _tier_columns(rows: list[dict[str, Any]]) -> list[str]:
+    if not rows or "tiers" not in rows[0]:
+        return []
+    return [f"{t['tier']}_{f}" for t in rows[0]["tiers"] for f in TIER_FIELDS if f in t]
+
+
 def write_results(rows: list[dict[str, Any]], out_dir: Path, meta: dict[str, Any]) -> None:
     """``replay_results.csv`` (flat, per-type columns) and ``replay_results.json`` (nested).
 
@@ -341,8 +463,12 @@ def write_results(rows: list[dict[str, Any]], out_dir: Path, meta: dict[str, Any
     (:func:`skv.fileio.atomic_dir`; into an existing ``out_dir`` the JSON arrives last).
     """
     type_names = [t.value for t in TYPES]
+    tier_columns = _tier_columns(rows)
     header = (
-        CSV_COLUMNS + [f"evictions_{t}" for t in type_names] + [f"hit_rate_{t}" for t in type_names]
+        CSV_COLUMNS
+        + [f"evictions_{t}" for t in type_names]
+        + [f"hit_rate_{t}" for t in type_names]
+        + tier_columns
     )
     lines = []
     for r in rows:
@@ -350,6 +476,10 @@ def write_results(rows: list[dict[str, Any]], out_dir: Path, meta: dict[str, Any
         for t in type_names:
             flat[f"evictions_{t}"] = r["evictions_by_type"].get(t, 0)
             flat[f"hit_rate_{t}"] = r["hit_rate_by_type"].get(t, "")
+        for tier in r.get("tiers", ()):
+            for f in TIER_FIELDS:
+                if f in tier:
+                    flat[f"{tier['tier']}_{f}"] = "" if tier[f] is None else tier[f]
         lines.append(flat)
     stable_rows = [{k: v for k, v in r.items() if k != "replay_seconds"} for r in rows]
     payload = {"meta": meta, "results": stable_rows}

@@ -78,6 +78,7 @@ LAYERS: dict[str, int] = {
     "skv.sim": 1,
     "skv.replay": 1,
     "skv.mrc": 1,
+    "skv.tiers": 1,
     # 2 engines
     "skv.services": 2,
     "skv.vllm": 2,

@@ -64,6 +64,35 @@ def add_timed_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_tier_args(p: argparse.ArgumentParser) -> None:
+    """Lower KV tiers under the GPU cache (skv.tiers; docs/tiers.md)."""
+    g = p.add_argument_group(
+        "tiered KV store (cache-only replay; --capacity is then the GPU tier, docs/tiers.md)"
+    )
+    g.add_argument(
+        "--tier",
+        action="append",
+        default=[],
+        metavar="NAME=SIZE[@POLICY][,link=LINK]",
+        help="a lower tier, top down, e.g. cpu=20%% or disk=1TB@sieve (default policy lru; "
+        "link by name: cpu/dram/host pcie5, disk/ssd/nvme nvme, remote/rdma rdma); repeatable",
+    )
+    g.add_argument(
+        "--tier-write",
+        choices=["through", "evict"],
+        default="through",
+        help="through: computed blocks are written to every tier (default); evict: a block "
+        "reaches a tier when the one above evicts it",
+    )
+    g.add_argument(
+        "--tier-load",
+        choices=["copy", "move"],
+        default="copy",
+        help="copy: a lower tier keeps what it loads up (default); move: it drops it "
+        "(--tier-write evict --tier-load move is an exclusive hierarchy)",
+    )
+
+
 def add_curve_args(p: argparse.ArgumentParser) -> None:
     """The options of ``skv replay --capacity-curve`` (:mod:`skv.mrc`)."""
     from skv.mrc import AUTO_MIN_UNITS, BELADY_MAX_ACCESSES, UNITS, check_rate
@@ -136,10 +165,16 @@ def check_replay_args(args: argparse.Namespace) -> None:
     trace takes seconds to minutes to load; a typo should cost nothing)."""
     from skv.policies.registry import policy_class
     from skv.sizing import Capacity, get_model
+    from skv.tiers import TierSpec, check_tier_policy
 
     for name in args.policies:
         policy_class(name)  # ValueError naming the known policies
-    for spec in args.capacity or []:
+    tiers = [TierSpec.parse(t) for t in getattr(args, "tier", [])]
+    if tiers:
+        for name in args.policies:
+            check_tier_policy(name)
+    sizes = [*(args.capacity or []), *(t.capacity for t in tiers)]
+    for spec in sizes:
         if Capacity.parse(spec).kind == "bytes":
             if args.model is None:
                 raise ValueError(f"capacity {spec!r} is in bytes: give a model (--model)")
@@ -166,6 +201,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
             "--mode flat is for the cache-only replay: not with --capacity-curve or the timed "
             "options (a flat stream has no requests to time)"
         )
+    if args.tier and (timed or args.capacity_curve):
+        raise ValueError(
+            "--tier is for the cache-only replay: not with --capacity-curve or the timed "
+            "options (docs/tiers.md says where transfer costs are priced)"
+        )
     if args.capacity_curve:
         return cmd_replay_curve(args)
     return cmd_replay_timed(args) if timed else cmd_replay_cache_only(args)
@@ -174,6 +214,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_replay_cache_only(args: argparse.Namespace) -> int:
     from skv.policies.registry import OFFLINE
     from skv.replay import replay_trace, write_results
+    from skv.tiers import TierSpec
 
     # online policies replay a CompactTrace (memory per unique block); offline ones (belady)
     # annotate every access, so they get the whole list
@@ -182,6 +223,7 @@ def cmd_replay_cache_only(args: argparse.Namespace) -> int:
         trace, block_size = load_flat(args)
     else:
         trace, block_size = load_compiled_args(args, compact=online)
+    tiers = [TierSpec.parse(t) for t in args.tier]
     rows = replay_trace(
         trace,
         args.policies,
@@ -189,6 +231,9 @@ def cmd_replay_cache_only(args: argparse.Namespace) -> int:
         model=args.model,
         metrics_every=args.metrics_every,
         progress=None if not args.quiet else False,
+        tiers=tiers,
+        tier_write=args.tier_write,
+        tier_load=args.tier_load,
     )
     out = Path(args.output) if args.output else _default_out("replay", Path(args.trace).stem)
     meta = {
@@ -201,6 +246,12 @@ def cmd_replay_cache_only(args: argparse.Namespace) -> int:
         "limit": args.limit,
         "simulated": "cache-only replay (no timing model); hit rates are simulated",
     }
+    if tiers:
+        meta["tiers"] = [
+            {"name": t.name, "capacity": t.capacity, "policy": t.policy, "link": t.link}
+            for t in tiers
+        ]
+        meta["tier_write"], meta["tier_load"] = args.tier_write, args.tier_load
     write_results(rows, out, meta)
     print(f"{'capacity':>10} {'blocks':>9} {'policy':>18} {'token_hit':>9} {'block_hit':>9}")
     for r in rows:
@@ -213,12 +264,30 @@ def cmd_replay_cache_only(args: argparse.Namespace) -> int:
             "mode flat: every block access its own request (an object cache); token hit = "
             "block hit, request-level numbers mean nothing"
         )
+    if tiers:
+        print_tiers(rows)
     print(
         f"infinite-cache ceiling: token {rows[0]['ceiling_token_hit_rate']:.4f}, "
         f"block {rows[0]['ceiling_block_hit_rate']:.4f}"
     )
     print(f"results: {out}/replay_results.csv, replay_results.json")
     return 0
+
+
+def print_tiers(rows: list[dict[str, Any]]) -> None:
+    """Per tier: its share of prompt tokens served, and what its link moved."""
+    print(
+        f"{'capacity':>10} {'policy':>18} {'tier':>8} {'blocks':>9} {'token_hit':>9} "
+        f"{'loaded':>10} {'stored':>10} {'loaded GB':>10}"
+    )
+    for r in rows:
+        for t in r["tiers"]:
+            gb = t.get("loaded_bytes")
+            print(
+                f"{r['capacity']:>10} {r['policy']:>18} {t['tier']:>8} {t['capacity_blocks']:>9} "
+                f"{t['token_hit_rate']:>9.4f} {t.get('loaded_blocks', ''):>10} "
+                f"{t.get('stored_blocks', ''):>10} {'' if gb is None else f'{gb / 1e9:.2f}':>10}"
+            )
 
 
 def load_flat(args: argparse.Namespace) -> tuple[list, int]:
@@ -456,6 +525,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--metrics-every", type=int, default=0, help="log policy metrics every N requests"
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_tier_args(p)
     add_timed_args(p)
     add_curve_args(p)
     p.set_defaults(func=cmd_replay)

@@ -1,0 +1,479 @@
+"""A tiered KV store: GPU memory (the radix block cache) over lower tiers (host DRAM, local
+NVMe, a remote store), each with its own capacity and eviction policy, joined by links.
+
+Why: at KV-Repurpose's 30 GB-1 TB the KV does not fit in GPU memory; deployed systems (LMCache,
+Mooncake Store, SGLang HiCache, vLLM's OffloadingConnector) keep it in DRAM or on SSD and load a
+hit over a link. This module answers, by replay, how many hits each tier serves and how many
+bytes each link moves (docs/tiers.md).
+
+Model (names in brackets are the knobs):
+
+- Tier 0 is a :class:`~skv.cache.radix.BlockCache` with any online registered policy: prefix-
+  closed (only unpinned leaves are evicted), so its hits are a prefix of every lookup run.
+- Lower tiers are :class:`TierStore`\\ s: flat stores keyed by the block key, each with any
+  online registered policy. Keys are prefix keys in prefix mode, so a key names its whole
+  prefix, as LMCache's chunk hashes and vLLM's block hashes do.
+- **Usable**: a block is usable when it is in some tier and every block before it in its lookup
+  run is usable (a run stops at the first block no tier holds). Usable blocks not in tier 0 are
+  *loads* from the highest tier that holds them; each load crosses every link from its tier up.
+- Loaded blocks enter tier 0 like computed ones (a loaded block is KV in GPU memory, cached
+  there as vLLM and SGLang cache it). [``load``] ``copy``: the lower tier keeps its copy (a hit
+  there); ``move``: it drops it once tier 0 holds the block.
+- [``write``] ``through``: every block computed for a request is written to every lower tier
+  (vLLM's offloading and HiCache's write-through); ``evict``: a block reaches tier ``k + 1`` only
+  when tier ``k`` evicts it. Under both, a block a tier evicts is demoted to the next tier if that
+  tier lacks it; the last tier drops it.
+- Exclusive = ``evict`` + ``move``; inclusive = ``through`` + ``copy`` (the default).
+
+Invariant (tests/test_tiers.py): with flat single-block requests, two LRU tiers, ``evict`` and
+``move`` give, request by request, the hits of one LRU of the summed capacity. With prefix
+trees they can differ: tier 0 evicts only leaves while a lower tier evicts any block, so a
+lower tier may keep a child whose parent it dropped (unusable until the parent returns).
+
+Within a request, tier moves happen after its tier-0 lookup: blocks tier 0 evicts while serving
+a request are demoted when it is done, and a block the request itself still needed but tier 0
+evicted before reaching it (segment keying's later runs) is recomputed. Offline policies (they
+need next-use annotations per tier) and ``vllm``'s block pool (not a policy of the radix cache)
+cannot be tiers.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from skv.blocks import RequestBlocks
+from skv.cache.block import Block
+from skv.cache.radix import BlockCache
+from skv.model import NUM_TYPES
+from skv.policies.registry import OFFLINE, make_policy, policy_class
+from skv.sizing import Capacity, get_model
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """A link between a tier and the one above it. Bandwidth in GB/s (10^9 bytes), one way."""
+
+    name: str
+    bandwidth_gbs: float
+    latency_us: float
+    source: str
+
+    def seconds(self, nbytes: float, transfers: int = 1) -> float:
+        """Time to move ``nbytes`` in ``transfers`` separate transfers (each pays the latency)."""
+        return transfers * self.latency_us * 1e-6 + nbytes / (self.bandwidth_gbs * 1e9)
+
+
+#: Link presets. Bandwidths are the interface's raw one-way rate times an assumed efficiency;
+#: latencies are assumptions of this artifact, named as such (docs/tiers.md).
+LINKS: dict[str, Link] = {
+    link.name: link
+    for link in (
+        Link(
+            "pcie5",
+            50.0,
+            10.0,
+            "PCIe 5.0 x16: 32 GT/s x 16 lanes, 128b/130b = 63 GB/s raw one way (PCI-SIG); "
+            "50 GB/s assumes the ~80% that large DMA copies reach; 10 us per transfer assumed",
+        ),
+        Link(
+            "nvme",
+            7.0,
+            100.0,
+            "one PCIe 4.0 x4 NVMe SSD: ~7 GB/s sequential read in vendors' data sheets (e.g. "
+            "Samsung 990 PRO 7.45 GB/s); ~100 us NAND read latency assumed",
+        ),
+        Link(
+            "rdma",
+            25.0,
+            5.0,
+            "one 200 Gb/s RDMA NIC (InfiniBand HDR / ConnectX-6) = 25 GB/s raw; Mooncake Store's "
+            "transfer engine and LMCache's remote backends use such links; 5 us assumed",
+        ),
+    )
+}
+
+#: tier name -> its default link (any other name must give ``link=``)
+DEFAULT_LINK = {
+    "cpu": "pcie5",
+    "dram": "pcie5",
+    "host": "pcie5",
+    "disk": "nvme",
+    "ssd": "nvme",
+    "nvme": "nvme",
+    "remote": "rdma",
+    "rdma": "rdma",
+}
+
+WRITES = ("through", "evict")
+LOADS = ("copy", "move")
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+@dataclass(frozen=True, slots=True)
+class TierSpec:
+    """One lower tier as configs and the CLI give it: ``NAME=SIZE[@POLICY][,link=LINK]``.
+
+    ``SIZE`` is any :class:`~skv.sizing.Capacity` (blocks, ``tok``, ``%`` of unique blocks,
+    bytes with a model preset); ``POLICY`` any online registered policy (default ``lru``, the
+    CPU pool of vLLM's OffloadingConnector and LMCache's default)."""
+
+    name: str
+    capacity: str
+    policy: str = "lru"
+    link: str = ""
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise ValueError(f"tier name {self.name!r}: lowercase letters, digits and _")
+        Capacity.parse(self.capacity)
+        check_tier_policy(self.policy)
+        link = self.link or DEFAULT_LINK.get(self.name)
+        if link is None:
+            raise ValueError(
+                f"tier {self.name!r}: no default link for this name ({', '.join(DEFAULT_LINK)} "
+                f"have one); give one: {self.name}={self.capacity},link=pcie5|nvme|rdma"
+            )
+        if link not in LINKS:
+            raise ValueError(
+                f"tier {self.name!r}: unknown link {link!r}; known: {', '.join(LINKS)}"
+            )
+        object.__setattr__(self, "link", link)
+
+    @classmethod
+    def parse(cls, text: str) -> TierSpec:
+        name, sep, rest = text.partition("=")
+        if not sep or not rest:
+            raise ValueError(
+                f"tier {text!r}: expected NAME=SIZE[@POLICY][,link=LINK], e.g. cpu=20%"
+            )
+        size_policy, *options = rest.split(",")
+        size, _, policy = size_policy.partition("@")
+        link = ""
+        for opt in options:
+            key, _, value = opt.partition("=")
+            if key.strip() != "link" or not value:
+                raise ValueError(f"tier {text!r}: unknown option {opt!r} (only link=LINK)")
+            link = value.strip()
+        return cls(name.strip(), size.strip(), policy.strip() or "lru", link)
+
+
+def check_tier_policy(name: str) -> None:
+    """A tier takes an online policy of the radix cache: not ``vllm``'s pool, not an oracle."""
+    policy_class(name)  # unknown names fail here, with the list
+    if name == "vllm" or name in OFFLINE:
+        raise ValueError(
+            f"policy {name!r} cannot run a tier: a tier takes an online policy of the radix cache"
+        )
+
+
+class TierStore:
+    """A lower tier: a flat, capacity-bounded set of blocks ordered by a policy.
+
+    Blocks are chain roots (no parent), so the policy's leaf-only rule never binds. The store
+    calls the policy hooks in :mod:`skv.cache.policy`'s order (insert pinned, then unpin; a hit
+    pins, hits and unpins). :meth:`remove` (a ``move`` load) pins the block for good: the policy
+    drops it from its order when its scan meets it, as it drops any pinned block."""
+
+    def __init__(self, name: str, capacity_blocks: int, policy: Any) -> None:
+        if capacity_blocks < 1:
+            raise ValueError(f"tier {name!r}: capacity must be >= 1 block, got {capacity_blocks}")
+        self.name = name
+        self.capacity_blocks = capacity_blocks
+        self.policy = policy
+        self.blocks: dict[object, Block] = {}
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.blocks
+
+    def touch(self, key: object, now: float) -> None:
+        """A load served from here (``copy``): a hit for the policy."""
+        b = self.blocks[key]
+        policy = self.policy
+        b.ref = 1
+        policy.on_pin(b)
+        b.hits += 1
+        b.last_access = now
+        policy.on_hit(b, now)
+        b.ref = 0
+        policy.on_unpin(b, now)
+
+    def insert(self, key: object, stype: int, tokens: int, req: Any, now: float) -> list[Block]:
+        """Store ``key`` (absent); returns the blocks evicted to make room, oldest decision
+        first."""
+        evicted: list[Block] = []
+        policy = self.policy
+        while len(self.blocks) >= self.capacity_blocks:
+            v = policy.victim()
+            if (
+                v is None
+            ):  # nothing here is pinned for long: a policy that finds no victim is broken
+                raise AssertionError(f"tier {self.name!r}: policy found no victim in a full tier")
+            del self.blocks[v.key]
+            policy.on_evict(v, now)
+            self.evictions += 1
+            evicted.append(v)
+        b = Block(key, None, tokens, stype, 0, req, now)
+        self.blocks[key] = b
+        b.ref = 1
+        policy.on_insert(b, now)
+        b.ref = 0
+        policy.on_unpin(b, now)
+        return evicted
+
+    def remove(self, key: object) -> None:
+        """Drop ``key`` without it being a victim (a ``move`` load)."""
+        b = self.blocks.pop(key)
+        b.ref = 1
+        self.policy.on_pin(b)
+
+
+def _recording_policy(name: str, params: dict[str, Any] | None) -> Any:
+    """Policy ``name`` with an ``on_evict`` that also keeps the evicted block (tier 0's
+    demotions): a subclass made at run time; its other hooks are the policy's own (a compiled
+    policy's stay compiled)."""
+    make_policy(name, params)  # the registry's checks and messages
+    base = policy_class(name)
+
+    def on_evict(self: Any, b: Block, now: float) -> None:
+        self.tier_evicted.append(b)
+        base.on_evict(self, b, now)
+
+    cls = type(f"Recording{base.__name__}", (base,), {"on_evict": on_evict})
+    rec = cls(**(params or {}))
+    rec.tier_evicted = []
+    return rec
+
+
+@dataclass
+class TierStats:
+    """Hits per tier (index 0 = GPU) and traffic per link (index ``k`` = the link above tier
+    ``k``; index 0 unused), in blocks and tokens."""
+
+    names: list[str]
+    requests: int = 0
+    prompt_tokens: int = 0
+    block_accesses: int = 0
+    hit_blocks: list[int] = field(default_factory=list)
+    hit_tokens: list[int] = field(default_factory=list)
+    loaded_blocks: list[int] = field(default_factory=list)  # up each link
+    loaded_tokens: list[int] = field(default_factory=list)
+    stored_blocks: list[int] = field(default_factory=list)  # down each link
+    stored_tokens: list[int] = field(default_factory=list)
+    evictions: list[int] = field(default_factory=list)  # the last tier's are drops
+    hit_tokens_by_type: list[int] = field(default_factory=lambda: [0] * NUM_TYPES)  # all tiers
+
+    def __post_init__(self) -> None:
+        n = len(self.names)
+        for f in (
+            "hit_blocks",
+            "hit_tokens",
+            "loaded_blocks",
+            "loaded_tokens",
+            "stored_blocks",
+            "stored_tokens",
+            "evictions",
+        ):
+            if not getattr(self, f):
+                setattr(self, f, [0] * n)
+
+    @property
+    def total_hit_tokens(self) -> int:
+        return sum(self.hit_tokens)
+
+    @property
+    def total_hit_blocks(self) -> int:
+        return sum(self.hit_blocks)
+
+
+class TieredCache:
+    """Tier 0 (a recording :class:`BlockCache`) over :class:`TierStore`\\ s; see the module
+    docstring for the rules. Cache-only: :meth:`access` serves one request at its arrival."""
+
+    def __init__(
+        self,
+        top_policy: str,
+        top_capacity_blocks: int,
+        lower: list[tuple[TierSpec, int]],
+        *,
+        write: str = "through",
+        load: str = "copy",
+        top_params: dict[str, Any] | None = None,
+    ) -> None:
+        if write not in WRITES:
+            raise ValueError(f"tier write {write!r}: one of {', '.join(WRITES)}")
+        if load not in LOADS:
+            raise ValueError(f"tier load {load!r}: one of {', '.join(LOADS)}")
+        if not lower:
+            raise ValueError("a tiered cache needs at least one lower tier")
+        names = ["gpu"] + [spec.name for spec, _ in lower]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tier names must be distinct (gpu is tier 0): {names}")
+        check_tier_policy(top_policy)
+        self.top = BlockCache(top_capacity_blocks, _recording_policy(top_policy, top_params))
+        self._evicted: list[Block] = self.top.policy.tier_evicted
+        self.tiers = [
+            TierStore(spec.name, cap, make_policy(spec.policy, spec.params)) for spec, cap in lower
+        ]
+        self.specs = [spec for spec, _ in lower]
+        self.write = write
+        self.load = load
+        self.stats = TierStats(names)
+
+    def access(self, rb: RequestBlocks, now: float) -> list[int]:
+        """Serve ``rb``: returns the tier that served each block (-1: computed)."""
+        top = self.top
+        cached = top.blocks
+        tiers = self.tiers
+        n_low = len(tiers)
+        keys, parents, tokens, stypes = rb.keys, rb.parents, rb.tokens, rb.stypes
+        for store in tiers:  # sessions, turns: what session-aware policies learn from
+            store.policy.on_request(rb, now)
+        where: list[int] = []
+        in_run = False
+        for key, parent in zip(keys, parents, strict=True):
+            if parent is None:
+                in_run = True
+            t = -1
+            if in_run:
+                if key in cached:
+                    t = 0
+                else:
+                    for k in range(n_low):
+                        if key in tiers[k].blocks:
+                            t = k + 1
+                            break
+                    if t < 0:
+                        in_run = False
+            where.append(t)
+        del self._evicted[:]
+        lease = top.acquire(rb, now)
+        top.release(lease, now)
+        evicted = self._evicted
+        if evicted:  # tier-0 blocks evicted before this request reached them: recomputed
+            gone = {b.key for b in evicted}
+            in_run = False
+            for i, key in enumerate(keys):
+                if parents[i] is None:
+                    in_run = True
+                if not in_run:
+                    where[i] = -1
+                elif where[i] == 0 and key in gone:
+                    where[i] = -1
+                    in_run = False
+        st = self.stats
+        st.requests += 1
+        st.prompt_tokens += rb.prompt_tokens
+        st.block_accesses += len(keys)
+        top_hits = 0
+        for i, t in enumerate(where):
+            if t < 0:
+                continue
+            tok = tokens[i]
+            st.hit_blocks[t] += 1
+            st.hit_tokens[t] += tok
+            st.hit_tokens_by_type[stypes[i]] += tok
+            if t == 0:
+                top_hits += 1
+                continue
+            for link in range(1, t + 1):  # up every link from tier t to tier 0
+                st.loaded_blocks[link] += 1
+                st.loaded_tokens[link] += tok
+            store = tiers[t - 1]
+            if self.load == "move" and keys[i] in cached:
+                store.remove(keys[i])
+            else:
+                store.touch(keys[i], now)
+        if top_hits != lease.hit_blocks:
+            raise AssertionError(
+                f"request {rb.index}: tier 0 served {lease.hit_blocks} blocks, the tier "
+                f"classification says {top_hits}"
+            )
+        if self.write == "through":
+            for i, t in enumerate(where):
+                if t < 0 and keys[i] in cached:  # computed and cached: write it down
+                    b = cached[keys[i]]
+                    for k in range(n_low):
+                        if keys[i] not in tiers[k].blocks:
+                            self._store(k, b.key, b.stype, b.tokens, b.req, now)
+        for b in list(evicted):  # demote, in eviction order (unless recomputed since)
+            if b.key not in tiers[0].blocks and b.key not in cached:
+                self._store(0, b.key, b.stype, b.tokens, b.req, now)
+        st.evictions[0] = top.counters.snapshot().evictions
+        return where
+
+    def _store(self, k: int, key: object, stype: int, tokens: int, req: Any, now: float) -> None:
+        """Put a block into lower tier ``k`` (index into ``self.tiers``), cascading what it
+        evicts down to the tiers below (dropped past the last)."""
+        st = self.stats
+        st.stored_blocks[k + 1] += 1
+        st.stored_tokens[k + 1] += tokens
+        for v in self.tiers[k].insert(key, stype, tokens, req, now):
+            st.evictions[k + 1] += 1
+            if k + 1 < len(self.tiers) and v.key not in self.tiers[k + 1].blocks:
+                self._store(k + 1, v.key, v.stype, v.tokens, v.req, now)
+
+    def replay(self, trace: Any, start: int = 0, stop: int | None = None) -> None:
+        end = len(trace) if stop is None else stop
+        for i in range(start, end):
+            rb = trace[i]
+            self.access(rb, rb.arrival_s)
+
+
+def resolve_tiers(
+    specs: list[TierSpec], *, block_size: int, unique_blocks: int, model: str | None
+) -> list[tuple[TierSpec, int]]:
+    """Each spec with its capacity in blocks."""
+    return [
+        (
+            s,
+            Capacity.parse(s.capacity).to_blocks(
+                block_size=block_size, unique_blocks=unique_blocks, model=model
+            ),
+        )
+        for s in specs
+    ]
+
+
+def tier_row(cache: TieredCache, *, model: str | None) -> dict[str, Any]:
+    """The tiered part of a replay result row: hits per tier, traffic per link (bytes with a
+    model preset)."""
+    st = cache.stats
+    per_token = get_model(model).kv_bytes_per_token if model else None
+    tiers = []
+    for t, name in enumerate(st.names):
+        entry: dict[str, Any] = {
+            "tier": name,
+            "capacity_blocks": cache.top.capacity_blocks
+            if t == 0
+            else cache.tiers[t - 1].capacity_blocks,
+            "policy": cache.top.policy.name if t == 0 else cache.specs[t - 1].policy,
+            "hit_blocks": st.hit_blocks[t],
+            "hit_tokens": st.hit_tokens[t],
+            "token_hit_rate": st.hit_tokens[t] / st.prompt_tokens if st.prompt_tokens else 0.0,
+            "evictions": st.evictions[t],
+        }
+        if t:
+            link = LINKS[cache.specs[t - 1].link]
+            entry.update(
+                link=link.name,
+                loaded_blocks=st.loaded_blocks[t],
+                stored_blocks=st.stored_blocks[t],
+                loaded_bytes=st.loaded_tokens[t] * per_token if per_token else None,
+                stored_bytes=st.stored_tokens[t] * per_token if per_token else None,
+            )
+        tiers.append(entry)
+    return {
+        "tier_write": cache.write,
+        "tier_load": cache.load,
+        "tiers": tiers,
+    }

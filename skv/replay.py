@@ -292,7 +292,7 @@ def replay_tiered(
                 cache.replay(trace, start, stop)
             bar.update(stop - start)
     elapsed = time.perf_counter() - t0
-    st = cache.stats
+    st = cache.tier_stats
     top = cache.top.stats
     row: dict[str, Any] = {
         "policy": policy,

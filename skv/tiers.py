@@ -270,6 +270,12 @@ class TierStats:
     stored_blocks: list[int] = field(default_factory=list)  # down each link
     stored_tokens: list[int] = field(default_factory=list)
     evictions: list[int] = field(default_factory=list)  # the last tier's are drops
+    # the pricer's choices, per tier (index 0 unused): segments loaded, and segments (and
+    # their tokens) recomputed though the tier held them; total load time in ms
+    loaded_segments: list[int] = field(default_factory=list)
+    recomputed_segments: list[int] = field(default_factory=list)
+    recomputed_tokens: list[int] = field(default_factory=list)
+    load_ms: float = 0.0
     hit_tokens_by_type: list[int] = field(default_factory=lambda: [0] * NUM_TYPES)  # all tiers
 
     def __post_init__(self) -> None:
@@ -282,6 +288,9 @@ class TierStats:
             "stored_blocks",
             "stored_tokens",
             "evictions",
+            "loaded_segments",
+            "recomputed_segments",
+            "recomputed_tokens",
         ):
             if not getattr(self, f):
                 setattr(self, f, [0] * n)
@@ -295,9 +304,153 @@ class TierStats:
         return sum(self.hit_blocks)
 
 
+CHOICES = ("cheaper", "load")
+
+
+class LoadPricer:
+    """Prices a request's lower-tier hits and chooses, per run, which to load.
+
+    A *segment* is a maximal stretch of one lookup run served by one lower tier. Loading it
+    moves its bytes (``kv_bytes_per_token`` x tokens) up every link from its tier:
+    ``sum(latency) + bytes / min(bandwidth)`` over those links (a pipelined transfer bound
+    by its slowest link). Recomputing from a segment on costs the prefill of every usable
+    token from there to the end of the run: the latency model's marginal cost of those tokens
+    after the tokens before them, ``ttft_ms(n, before) - ttft_ms(0, before)`` (a roofline
+    prices it by FLOPs and bytes). A run's tier-0 hits are always used (they are a prefix of
+    the run: tier 0 evicts only leaves); after them, an engine's computed tokens follow its
+    cached ones, so the choice is a cut: load the segments before it, recompute from it. With
+    ``choice="cheaper"`` the cut minimises load time + recompute time (ties load);
+    ``"load"`` loads every segment, as engines that always prefer a hit do."""
+
+    def __init__(
+        self,
+        latency: Any,
+        kv_bytes_per_token: float,
+        links: list[Link],
+        *,
+        choice: str = "cheaper",
+    ) -> None:
+        if choice not in CHOICES:
+            raise ValueError(f"tier choice {choice!r}: one of {', '.join(CHOICES)}")
+        if not kv_bytes_per_token > 0:
+            raise ValueError(f"kv_bytes_per_token must be > 0, got {kv_bytes_per_token!r}")
+        self.latency = latency
+        self.kv_bytes_per_token = float(kv_bytes_per_token)
+        self.choice = choice
+        # tier t (1-based) -> (summed latency s, slowest bandwidth bytes/s) of links 1..t
+        self._paths = []
+        for t in range(1, len(links) + 1):
+            up = links[:t]
+            self._paths.append(
+                (sum(x.latency_us for x in up) * 1e-6, min(x.bandwidth_gbs for x in up) * 1e9)
+            )
+
+    def load_ms(self, tier: int, tokens: int) -> float:
+        """Time to bring ``tokens`` of KV from lower tier ``tier`` (1-based) to tier 0."""
+        lat, bw = self._paths[tier - 1]
+        return (lat + tokens * self.kv_bytes_per_token / bw) * 1e3
+
+    def recompute_ms(self, tokens: int, before: int) -> float:
+        """Marginal prefill cost of ``tokens`` after ``before`` tokens already in KV."""
+        if tokens <= 0:
+            return 0.0
+        return self.latency.ttft_ms(tokens, before) - self.latency.ttft_ms(0, before)
+
+    def decide(self, rb: RequestBlocks, where: list[int], st: TierStats) -> float:
+        """Set ``where[i] = -1`` for the lower-tier blocks to recompute; count the choices
+        in ``st``; returns the load time (ms) of the rest."""
+        tokens = rb.tokens
+        parents = rb.parents
+        n = len(where)
+        total = 0.0
+        before = 0  # prompt tokens before block i
+        i = 0
+        while i < n:
+            if where[i] < 1:
+                before += tokens[i]
+                i += 1
+                continue
+            # segments of this run, from block i to the run's last usable block
+            segs: list[tuple[int, int, int, int]] = []  # (start, stop, tier, tokens)
+            j = i
+            while j < n and where[j] >= 1 and (j == i or parents[j] is not None):
+                t = where[j]
+                k = j
+                tok = 0
+                while k < n and where[k] == t and (k == j or parents[k] is not None):
+                    tok += tokens[k]
+                    k += 1
+                segs.append((j, k, t, tok))
+                j = k
+            run_tokens = sum(seg[3] for seg in segs)
+            best_cut, best_ms = len(segs), 0.0
+            loads = [self.load_ms(t, tok) for _, _, t, tok in segs]
+            if self.choice == "cheaper":
+                best_ms = float("inf")
+                loaded_ms = 0.0
+                loaded_tok = 0
+                for cut in range(len(segs) + 1):
+                    rest = run_tokens - loaded_tok
+                    cost = loaded_ms + self.recompute_ms(rest, before + loaded_tok)
+                    if cost <= best_ms:
+                        best_cut, best_ms = cut, cost
+                    if cut < len(segs):
+                        loaded_ms += loads[cut]
+                        loaded_tok += segs[cut][3]
+            for m, (a, b, t, tok) in enumerate(segs):
+                if m < best_cut:
+                    st.loaded_segments[t] += 1
+                    total += loads[m]
+                else:
+                    st.recomputed_segments[t] += 1
+                    st.recomputed_tokens[t] += tok
+                    for x in range(a, b):
+                        where[x] = -1
+            before += run_tokens
+            i = j
+        st.load_ms += total
+        return total
+
+
+class TierLease:
+    """What a request holds in a :class:`TieredCache` while in flight: tier 0's lease, the
+    tier that served each block (-1: computed), the hits of all tiers together (what the
+    request does not compute) and the time its loads take (ms, 0 without a pricer)."""
+
+    __slots__ = ("hit_blocks", "hit_tokens", "load_ms", "top", "where")
+
+    def __init__(
+        self, top: Any, where: list[int], hit_blocks: int, hit_tokens: int, load_ms: float
+    ) -> None:
+        self.top = top
+        self.where = where
+        self.hit_blocks = hit_blocks
+        self.hit_tokens = hit_tokens
+        self.load_ms = load_ms
+
+
+@dataclass
+class ServingStats:
+    """The cache counters the serving simulator's summary reads (``hit_tokens_by_type`` and
+    ``hit_blocks_by_type`` over all tiers, evictions of tier 0), so its hit rates by type
+    agree with its per-request cached tokens, which include loads."""
+
+    hit_tokens_by_type: list[int]
+    hit_blocks_by_type: list[int]
+    evictions_by_type: list[int]
+    evictions: int
+
+
 class TieredCache:
     """Tier 0 (a recording :class:`BlockCache`) over :class:`TierStore`\\ s; see the module
-    docstring for the rules. Cache-only: :meth:`access` serves one request at its arrival."""
+    docstring for the rules.
+
+    Two uses: :meth:`access` serves one request at its arrival (the cache-only replay), and
+    :meth:`acquire` / :meth:`extend` / :meth:`release` hold a request in flight, with the
+    cache interface a serving replica reads (:mod:`skv.sim.replica`). ``access`` is
+    ``acquire`` then ``release``. With a ``pricer`` (:class:`LoadPricer`) each lower-tier
+    run is loaded or recomputed by its cost, and the loads' time is kept for the replica to
+    take (:meth:`take_load_ms`)."""
 
     def __init__(
         self,
@@ -308,6 +461,7 @@ class TieredCache:
         write: str = "through",
         load: str = "copy",
         top_params: dict[str, Any] | None = None,
+        pricer: LoadPricer | None = None,
     ) -> None:
         if write not in WRITES:
             raise ValueError(f"tier write {write!r}: one of {', '.join(WRITES)}")
@@ -327,10 +481,67 @@ class TieredCache:
         self.specs = [spec for spec, _ in lower]
         self.write = write
         self.load = load
-        self.stats = TierStats(names)
+        self.pricer = pricer
+        self.tier_stats = TierStats(names)
+        self._pending_load_ms = 0.0
+        self._hit_blocks_by_type = [0] * NUM_TYPES
+
+    # ---------------------------------------------------------- the replica's cache interface
+
+    @property
+    def policy(self) -> Any:
+        return self.top.policy
+
+    @property
+    def capacity_blocks(self) -> int:
+        return self.top.capacity_blocks
+
+    @property
+    def usable_blocks(self) -> int:
+        return self.top.usable_blocks
+
+    @property
+    def pinned_blocks(self) -> int:
+        return self.top.pinned_blocks
+
+    def __len__(self) -> int:
+        return len(self.top)
+
+    def lookup(self, rb: RequestBlocks) -> int:
+        """Tier 0's hits (what a cache-aware router's exact view reads: GPU-resident KV)."""
+        return self.top.lookup(rb)
+
+    def admission_need(self, rb: RequestBlocks) -> int:
+        """Tier 0's: a loaded block takes a GPU block like a computed one."""
+        return self.top.admission_need(rb)
+
+    @property
+    def stats(self) -> ServingStats:
+        top = self.top.stats
+        return ServingStats(
+            list(self.tier_stats.hit_tokens_by_type),
+            list(self._hit_blocks_by_type),
+            list(top.evictions_by_type),
+            top.evictions,
+        )
+
+    def take_load_ms(self) -> float:
+        """The load time of the requests acquired since the last call (ms), and reset it."""
+        ms = self._pending_load_ms
+        self._pending_load_ms = 0.0
+        return ms
+
+    # ---------------------------------------------------------------------- serving a request
 
     def access(self, rb: RequestBlocks, now: float) -> list[int]:
-        """Serve ``rb``: returns the tier that served each block (-1: computed)."""
+        """Serve ``rb`` at once: returns the tier that served each block (-1: computed)."""
+        lease = self.acquire(rb, now)
+        self.release(lease, now)
+        return lease.where
+
+    def acquire(self, rb: RequestBlocks, now: float) -> TierLease:
+        """Look ``rb`` up in every tier, load what is usable (or recompute it, by the
+        pricer), pin its blocks in tier 0 and apply the tier moves."""
         top = self.top
         cached = top.blocks
         tiers = self.tiers
@@ -357,7 +568,6 @@ class TieredCache:
             where.append(t)
         del self._evicted[:]
         lease = top.acquire(rb, now)
-        top.release(lease, now)
         evicted = self._evicted
         if evicted:  # tier-0 blocks evicted before this request reached them: recomputed
             gone = {b.key for b in evicted}
@@ -370,18 +580,23 @@ class TieredCache:
                 elif where[i] == 0 and key in gone:
                     where[i] = -1
                     in_run = False
-        st = self.stats
+        st = self.tier_stats
+        load_ms = self.pricer.decide(rb, where, st) if self.pricer is not None else 0.0
         st.requests += 1
         st.prompt_tokens += rb.prompt_tokens
         st.block_accesses += len(keys)
         top_hits = 0
+        hit_blocks = hit_tokens = 0
         for i, t in enumerate(where):
             if t < 0:
                 continue
             tok = tokens[i]
+            hit_blocks += 1
+            hit_tokens += tok
             st.hit_blocks[t] += 1
             st.hit_tokens[t] += tok
             st.hit_tokens_by_type[stypes[i]] += tok
+            self._hit_blocks_by_type[stypes[i]] += 1
             if t == 0:
                 top_hits += 1
                 continue
@@ -401,20 +616,49 @@ class TieredCache:
         if self.write == "through":
             for i, t in enumerate(where):
                 if t < 0 and keys[i] in cached:  # computed and cached: write it down
-                    b = cached[keys[i]]
-                    for k in range(n_low):
-                        if keys[i] not in tiers[k].blocks:
-                            self._store(k, b.key, b.stype, b.tokens, b.req, now)
-        for b in list(evicted):  # demote, in eviction order (unless recomputed since)
-            if b.key not in tiers[0].blocks and b.key not in cached:
+                    self._write_through(cached[keys[i]], now)
+        self._demote(now)
+        self._pending_load_ms += load_ms
+        return TierLease(lease, where, hit_blocks, hit_tokens, load_ms)
+
+    def extend(self, lease: TierLease, rb: RequestBlocks, start: int, now: float) -> None:
+        """Tier 0 grows the request by its answer's blocks (computed: written down under
+        ``through``)."""
+        cached = self.top.blocks
+        self.top.extend(lease.top, rb, start, now)
+        if self.write == "through":
+            for key in rb.keys[start:]:
+                b = cached.get(key)
+                if b is not None:
+                    self._write_through(b, now)
+        self._demote(now)
+
+    def release(self, lease: TierLease, now: float) -> None:
+        self.top.release(lease.top, now)
+        self._demote(now)
+
+    def _write_through(self, b: Block, now: float) -> None:
+        for k in range(len(self.tiers)):
+            if b.key not in self.tiers[k].blocks:
+                self._store(k, b.key, b.stype, b.tokens, b.req, now)
+
+    def _demote(self, now: float) -> None:
+        """Demote what tier 0 evicted, in eviction order (unless back in tier 0 since)."""
+        evicted = self._evicted
+        if not evicted:
+            return
+        first = self.tiers[0].blocks
+        cached = self.top.blocks
+        for b in list(evicted):
+            if b.key not in first and b.key not in cached:
                 self._store(0, b.key, b.stype, b.tokens, b.req, now)
-        st.evictions[0] = top.counters.snapshot().evictions
-        return where
+        del evicted[:]
+        self.tier_stats.evictions[0] = self.top.counters.snapshot().evictions
 
     def _store(self, k: int, key: object, stype: int, tokens: int, req: Any, now: float) -> None:
         """Put a block into lower tier ``k`` (index into ``self.tiers``), cascading what it
         evicts down to the tiers below (dropped past the last)."""
-        st = self.stats
+        st = self.tier_stats
         st.stored_blocks[k + 1] += 1
         st.stored_tokens[k + 1] += tokens
         for v in self.tiers[k].insert(key, stype, tokens, req, now):
@@ -447,7 +691,7 @@ def resolve_tiers(
 def tier_row(cache: TieredCache, *, model: str | None) -> dict[str, Any]:
     """The tiered part of a replay result row: hits per tier, traffic per link (bytes with a
     model preset)."""
-    st = cache.stats
+    st = cache.tier_stats
     per_token = get_model(model).kv_bytes_per_token if model else None
     tiers = []
     for t, name in enumerate(st.names):
@@ -476,4 +720,38 @@ def tier_row(cache: TieredCache, *, model: str | None) -> dict[str, Any]:
         "tier_write": cache.write,
         "tier_load": cache.load,
         "tiers": tiers,
+    }
+
+
+def tier_summary(caches: list[TieredCache]) -> dict[str, Any]:
+    """The tiered part of a simulation summary, summed over replicas: per tier its hits,
+    and for lower tiers the loads chosen, the runs recomputed instead, and the blocks moved."""
+    first = caches[0]
+    names = first.tier_stats.names
+    prompt = sum(c.tier_stats.prompt_tokens for c in caches)
+    tiers = []
+    for t, name in enumerate(names):
+        hit = sum(c.tier_stats.hit_tokens[t] for c in caches)
+        entry: dict[str, Any] = {
+            "tier": name,
+            "hit_tokens": hit,
+            "token_hit_rate": hit / prompt if prompt else 0.0,
+        }
+        if t:
+            for key in (
+                "loaded_blocks",
+                "loaded_tokens",
+                "stored_blocks",
+                "loaded_segments",
+                "recomputed_segments",
+                "recomputed_tokens",
+            ):
+                entry[key] = sum(getattr(c.tier_stats, key)[t] for c in caches)
+            entry["link"] = first.specs[t - 1].link
+        tiers.append(entry)
+    return {
+        "tiers": tiers,
+        "tier_load_ms": sum(c.tier_stats.load_ms for c in caches),
+        "tier_loaded_segments": sum(sum(c.tier_stats.loaded_segments) for c in caches),
+        "tier_recomputed_segments": sum(sum(c.tier_stats.recomputed_segments) for c in caches),
     }

@@ -56,7 +56,7 @@ def test_exclusive_lru_tiers_are_one_lru_of_the_summed_capacity(c0, lower, seed)
     for r in trace:
         assert served(tc.access(r, r.arrival_s)) == one.access(r, r.arrival_s).hit_blocks, r.index
     if lower[0] > c0:  # a large second tier must have served (a 1-block one may not)
-        assert tc.stats.hit_blocks[1] > 0
+        assert tc.tier_stats.hit_blocks[1] > 0
     assert all(len(s) <= s.capacity_blocks for s in tc.tiers)
 
 
@@ -69,7 +69,7 @@ def test_inclusive_tiers_are_not_the_summed_capacity():
     for r in trace:
         tc.access(r, r.arrival_s)
         one.access(r, r.arrival_s)
-    assert tc.stats.total_hit_blocks < one.stats.hit_blocks
+    assert tc.tier_stats.total_hit_blocks < one.stats.hit_blocks
 
 
 def test_prefix_trees_differ_where_a_request_outgrows_the_gpu_tier():
@@ -99,7 +99,7 @@ def test_exclusive_lru_equals_summed_lru_on_mooncake_prefix_trees():
     differ = sum(
         served(tc.access(r, r.arrival_s)) != one.access(r, r.arrival_s).hit_blocks for r in trace
     )
-    assert differ == 0 and tc.stats.hit_blocks[1] > 0
+    assert differ == 0 and tc.tier_stats.hit_blocks[1] > 0
 
 
 # ------------------------------------------------------------------ movement, by hand
@@ -116,19 +116,19 @@ def test_demotion_cascades_and_the_last_tier_drops():
         [1],
     )
     tc.access(rb([4], index=3), 3.0)
-    assert 1 not in tc.tiers[1] and tc.stats.evictions == [3, 2, 1]
+    assert 1 not in tc.tiers[1] and tc.tier_stats.evictions == [3, 2, 1]
     where = tc.access(rb([2], index=4), 4.0)  # from disk: crosses both links
     assert where == [2]
-    assert tc.stats.loaded_blocks == [0, 1, 1]
+    assert tc.tier_stats.loaded_blocks == [0, 1, 1]
     assert 2 not in tc.tiers[1] and 2 in tc.top.blocks  # moved up
 
 
 def test_write_through_and_copy_keep_the_lower_copy():
     tc = tiered(1, [("cpu", 4, "lru")])  # through + copy
     tc.access(rb([1], index=0), 0.0)
-    assert 1 in tc.tiers[0] and tc.stats.stored_blocks == [0, 1]  # written at compute time
+    assert 1 in tc.tiers[0] and tc.tier_stats.stored_blocks == [0, 1]  # written at compute time
     tc.access(rb([2], index=1), 1.0)  # GPU evicts 1: already below, not stored again
-    assert tc.stats.stored_blocks == [0, 2]
+    assert tc.tier_stats.stored_blocks == [0, 2]
     assert tc.access(rb([1], index=2), 2.0) == [1]
     assert 1 in tc.tiers[0] and 1 in tc.top.blocks  # copied, not moved
     assert tc.tiers[0].blocks[1].hits == 1
@@ -186,7 +186,7 @@ def test_lower_tiers_leave_the_gpu_tier_alone(policy):
         assert sum(t == 0 for t in where) == alone.access(r, r.arrival_s).hit_blocks
         assert len(tc.tiers[0]) <= tc.tiers[0].capacity_blocks
     ceiling = trace_totals(trace).ceiling_hit_blocks
-    assert tc.stats.hit_blocks[0] <= tc.stats.total_hit_blocks <= ceiling
+    assert tc.tier_stats.hit_blocks[0] <= tc.tier_stats.total_hit_blocks <= ceiling
 
 
 def test_segment_keying_with_tiers_counts_what_the_gpu_tier_served():
@@ -200,8 +200,8 @@ def test_segment_keying_with_tiers_counts_what_the_gpu_tier_served():
     row = replay_one(trace, "lru", unique // 20, progress=False)
     tc = TieredCache("lru", unique // 20, lower)
     tc.replay(trace)
-    assert tc.stats.hit_blocks[0] == row["hit_blocks"]
-    assert tc.stats.hit_blocks[1] > 0
+    assert tc.tier_stats.hit_blocks[0] == row["hit_blocks"]
+    assert tc.tier_stats.hit_blocks[1] > 0
 
 
 # ------------------------------------------------------------------ specs and errors

@@ -31,6 +31,19 @@ class SimConfig:
     router_view: str = "exact"
     #: the approximate view's cache per replica, in blocks (None: ``capacity_blocks``)
     router_cache_blocks: int | None = None
+    #: lower KV tiers under each replica's GPU cache (``capacity_blocks``), top down, as
+    #: ``NAME=SIZE[@POLICY][,link=LINK]`` (:class:`skv.tiers.TierSpec`; docs/tiers.md)
+    tiers: list[str] = field(default_factory=list)
+    tier_write: str = "through"
+    tier_load: str = "copy"
+    #: loads overlap the iteration's compute (layer-by-layer loading): it takes the longer of
+    #: the two; otherwise (synchronous loads) the sum
+    tier_overlap: bool = False
+    #: "cheaper": load a lower-tier run only if cheaper than recomputing it; "load": always
+    tier_choice: str = "cheaper"
+    #: the model preset whose KV bytes per token size byte capacities and transfers (None: the
+    #: latency model's, when it has one)
+    tier_model: str | None = None
 
     def __post_init__(self) -> None:
         from skv.sim.routers import check_view
@@ -51,6 +64,20 @@ class SimConfig:
         period = self.sample_every_s
         if isinstance(period, bool) or not isinstance(period, int | float) or not period >= 0:
             raise ValueError(f"sample_every_s must be >= 0 seconds, got {period!r}")  # NaN too
+        if self.tiers:
+            from skv.tiers import CHOICES, LOADS, WRITES, TierSpec
+
+            for spec in self.tiers:
+                TierSpec.parse(spec)
+            for name, value, allowed in (
+                ("tier_write", self.tier_write, WRITES),
+                ("tier_load", self.tier_load, LOADS),
+                ("tier_choice", self.tier_choice, CHOICES),
+            ):
+                if value not in allowed:
+                    raise ValueError(f"{name} {value!r}: one of {', '.join(allowed)}")
+            if not isinstance(self.tier_overlap, bool):
+                raise ValueError(f"tier_overlap must be true or false, got {self.tier_overlap!r}")
         if self.router_cache_blocks is not None and self.router_cache_blocks < 1:
             raise ValueError(
                 f"router_cache_blocks must be >= 1 or None, got {self.router_cache_blocks}"

@@ -27,7 +27,7 @@ garbage collector paused and the loop runs with everything built before it froze
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -49,6 +49,8 @@ from skv.sim.events import EventLoop, IterationHook
 from skv.sim.replica import Replica, RequestState
 from skv.sim.results import SimResult, summarize
 from skv.sim.routers import SimRouting
+from skv.sizing import get_model
+from skv.tiers import LINKS, LoadPricer, TieredCache, TierSpec, resolve_tiers, tier_summary
 
 log = logging.getLogger(__name__)
 
@@ -88,10 +90,13 @@ def simulate(
         states = [
             RequestState(rb.index, r, rb, r.arrival_s) for r, rb in zip(ordered, trace, strict=True)
         ]
+    make = _tiered_cache_maker(config, latency, trace) if config.tiers else None
     replicas = [
         Replica(
             k,
-            make_cache(config.policy, config.capacity_blocks, config.policy_params),
+            make()
+            if make is not None
+            else make_cache(config.policy, config.capacity_blocks, config.policy_params),
             config.max_batch_tokens,
             config.max_running,
         )
@@ -131,7 +136,44 @@ def simulate(
         )
     sim.memory.sort(key=_by_time)  # decode runs add their samples when they end
     with no_cyclic_gc():  # one row dict per request
-        return summarize(states, replicas, sim.memory, sim.policy_series, config, latency)
+        result = summarize(states, replicas, sim.memory, sim.policy_series, config, latency)
+    if config.tiers:
+        result.summary.update(tier_summary([rep.cache for rep in replicas]))
+    return result
+
+
+def _tiered_cache_maker(
+    config: SimConfig, latency: LatencyModel, trace: Sequence[RequestBlocks]
+) -> Callable[[], TieredCache]:
+    """A factory of each replica's tiered cache (docs/tiers.md): its lower tiers sized from
+    the trace, and a pricer of its loads on the latency model."""
+    if config.policy in OFFLINE:
+        raise ValueError(f"policy {config.policy!r} cannot run a tier (an offline oracle)")
+    specs = [TierSpec.parse(s) for s in config.tiers]
+    model = config.tier_model or latency.describe().get("constants", {}).get("llm")
+    if model is None:
+        raise ValueError(
+            f"tiers need the KV bytes per token: set tier_model (the {latency.name} latency "
+            "model names no model preset)"
+        )
+    per_token = get_model(model).kv_bytes_per_token
+    unique = len({k for rb in trace for k in rb.keys})
+    block_size = trace[0].block_size if trace else 1
+    lower = resolve_tiers(specs, block_size=block_size, unique_blocks=unique, model=model)
+    links = [LINKS[s.link] for s in specs]
+
+    def make() -> TieredCache:
+        return TieredCache(
+            config.policy,
+            config.capacity_blocks,
+            lower,
+            write=config.tier_write,
+            load=config.tier_load,
+            top_params=config.policy_params,
+            pricer=LoadPricer(latency, per_token, links, choice=config.tier_choice),
+        )
+
+    return make
 
 
 #: a decode run's length cap starts here, doubles while runs end uncut, and never exceeds the max

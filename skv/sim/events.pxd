@@ -25,6 +25,8 @@ cdef class EventLoop:
     cdef public double sample_every_s
     cdef public long long policy_metrics_every
     cdef public bint include_output_blocks
+    cdef public bint tiered
+    cdef public bint tier_overlap
 
     cpdef push(self, Py_ssize_t k, double end)
     cpdef start_iteration(self, Replica rep, double now)

@@ -67,6 +67,8 @@ class EventLoop:
         self.sample_every_s = config.sample_every_s
         self.policy_metrics_every = config.policy_metrics_every or 0  # None: off
         self.include_output_blocks = config.include_output_blocks
+        self.tiered = bool(config.tiers)
+        self.tier_overlap = bool(config.tier_overlap)
 
     def run(self, states: list, router: Any, progress: Callable[[int], Any] | None) -> None:
         """Serve ``states`` (in arrival order) to the end; ``router.choose(rb)`` picks each
@@ -128,15 +130,22 @@ class EventLoop:
         length: cython.longlong = 1
         fin: list = rep.finishes
         end: cython.double
-        if not chunked and fin:
+        ms: cython.double
+        load_ms: cython.double = 0.0
+        if self.tiered:  # lower-tier loads of the requests admitted above
+            load_ms = rep.cache.take_load_ms()
+        if not chunked and fin and load_ms == 0.0:
             length = min(fin[0][0] - rep.iterations, self.cap[k])
         if length <= 1:
             if chunked:
                 it = rep.iteration()  # the chunks planned above
-                end = now + self.latency.iteration_ms(it) / 1000.0
+                ms = self.latency.iteration_ms(it)
             else:
-                end = now + self.latency.decode_ms(rep.decoding, rep.decode_context) / 1000.0
+                ms = self.latency.decode_ms(rep.decoding, rep.decode_context)
                 it = None
+            if load_ms > 0.0:  # overlapped (layer by layer): the longer; else in series
+                ms = max(ms, load_ms) if self.tier_overlap else ms + load_ms
+            end = now + ms / 1000.0
             if self.on_iteration is not None:
                 if it is None:
                     it = Iteration((), rep.decoding, rep.decode_context)

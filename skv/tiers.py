@@ -32,7 +32,8 @@ lower tier may keep a child whose parent it dropped (unusable until the parent r
 
 Within a request, tier moves happen after its tier-0 lookup: blocks tier 0 evicts while serving
 a request are demoted when it is done, and a block the request itself still needed but tier 0
-evicted before reaching it (segment keying's later runs) is recomputed. Offline policies (they
+evicted before reaching it (segment keying's later runs) is loaded from the highest lower tier
+that holds it (under write-through, every tier), else recomputed. Offline policies (they
 need next-use annotations per tier) and ``vllm``'s block pool (not a policy of the radix cache)
 cannot be tiers.
 """
@@ -569,7 +570,7 @@ class TieredCache:
         del self._evicted[:]
         lease = top.acquire(rb, now)
         evicted = self._evicted
-        if evicted:  # tier-0 blocks evicted before this request reached them: recomputed
+        if evicted:  # tier-0 blocks evicted before this request reached them
             gone = {b.key for b in evicted}
             in_run = False
             for i, key in enumerate(keys):
@@ -577,9 +578,9 @@ class TieredCache:
                     in_run = True
                 if not in_run:
                     where[i] = -1
-                elif where[i] == 0 and key in gone:
-                    where[i] = -1
-                    in_run = False
+                elif where[i] == 0 and key in gone:  # loaded from below if kept there
+                    where[i] = next((k + 1 for k in range(n_low) if key in tiers[k].blocks), -1)
+                    in_run = where[i] > 0
         st = self.tier_stats
         load_ms = self.pricer.decide(rb, where, st) if self.pricer is not None else 0.0
         st.requests += 1

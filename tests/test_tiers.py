@@ -204,6 +204,17 @@ def test_segment_keying_with_tiers_counts_what_the_gpu_tier_served():
     assert tc.tier_stats.hit_blocks[1] > 0
 
 
+@pytest.mark.parametrize("write, want", [("through", [-1, -1, -1, 1]), ("evict", [-1, -1, -1, -1])])
+def test_a_block_the_request_evicts_before_reaching_it_is_loaded_from_below(write, want):
+    """GPU 4: [10] then [20]; [1, 2, 3 | 10] evicts 10 (the oldest) while inserting 3, before
+    its second run reaches it: the cpu copy serves it under write-through, else recomputed."""
+    tc = tiered(4, [("cpu", 8, "lru")], write=write)
+    tc.access(rb([10], index=0), 0.0)
+    tc.access(rb([20], index=1), 1.0)
+    r = rb([1, 2, 3, 10], parents=[None, 1, 2, None], index=2)
+    assert tc.access(r, 2.0) == want
+
+
 # ------------------------------------------------------------------ specs and errors
 
 

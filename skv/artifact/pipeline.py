@@ -305,6 +305,16 @@ STEPS: dict[str, Step] = {
             ),
         ),
         Step(
+            "fig_repurpose_tiered",
+            "repurpose",
+            "experiments/repurpose/repurpose_tiered.yaml",
+            (
+                *_fig("fig_repurpose_tiered"),
+                "tables/repurpose_tiered.csv",
+                "tables/repurpose_tiered.tex",
+            ),
+        ),
+        Step(
             "fig_repurpose_vllm",
             "repurpose",
             "experiments/repurpose/repurpose_vllm.yaml",

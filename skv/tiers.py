@@ -4,7 +4,8 @@ NVMe, a remote store), each with its own capacity and eviction policy, joined by
 Why: at KV-Repurpose's 30 GB-1 TB the KV does not fit in GPU memory; deployed systems (LMCache,
 Mooncake Store, SGLang HiCache, vLLM's OffloadingConnector) keep it in DRAM or on SSD and load a
 hit over a link. This module answers, by replay, how many hits each tier serves and how many
-bytes each link moves (docs/tiers.md).
+bytes each link moves, and (:class:`LoadPricer`, for the serving simulator) whether a hit in a
+lower tier is worth loading or cheaper to recompute (docs/tiers.md).
 
 Model (names in brackets are the knobs):
 
@@ -112,6 +113,10 @@ DEFAULT_LINK = {
 
 WRITES = ("through", "evict")
 LOADS = ("copy", "move")
+#: lower-tier policies a ``move`` load may drop a block from: they keep no per-queue counts
+#: that a removal outside their own eviction would leave stale (s3fifo's, arc's and
+#: wtinylfu's do; the others are not checked)
+MOVE_POLICIES = ("lru", "fifo", "sieve")
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
@@ -170,6 +175,17 @@ def check_tier_policy(name: str) -> None:
     if name == "vllm" or name in OFFLINE:
         raise ValueError(
             f"policy {name!r} cannot run a tier: a tier takes an online policy of the radix cache"
+        )
+
+
+def check_move_policies(policies: list[str]) -> None:
+    """``move`` loads only over lower tiers whose policy can lose a block it did not evict."""
+    bad = sorted({p for p in policies if p not in MOVE_POLICIES})
+    if bad:
+        raise ValueError(
+            f"tier load move: lower tiers running {', '.join(bad)} cannot drop a loaded block "
+            f"(their queue counts would go stale); use {', '.join(MOVE_POLICIES)} there, or "
+            "--tier-load copy"
         )
 
 
@@ -315,9 +331,9 @@ class LoadPricer:
     moves its bytes (``kv_bytes_per_token`` x tokens) up every link from its tier:
     ``sum(latency) + bytes / min(bandwidth)`` over those links (a pipelined transfer bound
     by its slowest link). Recomputing from a segment on costs the prefill of every usable
-    token from there to the end of the run: the latency model's marginal cost of those tokens
-    after the tokens before them, ``ttft_ms(n, before) - ttft_ms(0, before)`` (a roofline
-    prices it by FLOPs and bytes). A run's tier-0 hits are always used (they are a prefix of
+    token from there to the end of the run, priced as what those tokens add to the prefill
+    the request runs anyway (:meth:`recompute_ms`; a roofline prices it by FLOPs and
+    bytes). A run's tier-0 hits are always used (they are a prefix of
     the run: tier 0 evicts only leaves); after them, an engine's computed tokens follow its
     cached ones, so the choice is a cut: load the segments before it, recompute from it. With
     ``choice="cheaper"`` the cut minimises load time + recompute time (ties load);
@@ -351,11 +367,17 @@ class LoadPricer:
         lat, bw = self._paths[tier - 1]
         return (lat + tokens * self.kv_bytes_per_token / bw) * 1e3
 
-    def recompute_ms(self, tokens: int, before: int) -> float:
-        """Marginal prefill cost of ``tokens`` after ``before`` tokens already in KV."""
+    def recompute_ms(self, tokens: int, after: int, before: int) -> float:
+        """Marginal prefill cost of ``tokens`` after ``before`` tokens already in KV, in a
+        request that computes ``after`` more tokens anyway (at least its last one): computing
+        ``tokens + after`` from ``before`` against computing ``after`` from ``before + tokens``.
+        A short stretch then costs its share of the prefill it joins, not the fixed cost an
+        empty prefill would save."""
         if tokens <= 0:
             return 0.0
-        return self.latency.ttft_ms(tokens, before) - self.latency.ttft_ms(0, before)
+        after = max(1, after)
+        ttft = self.latency.ttft_ms
+        return ttft(tokens + after, before) - ttft(after, before + tokens)
 
     def decide(self, rb: RequestBlocks, where: list[int], st: TierStats) -> float:
         """Set ``where[i] = -1`` for the lower-tier blocks to recompute; count the choices
@@ -365,6 +387,9 @@ class LoadPricer:
         n = len(where)
         total = 0.0
         before = 0  # prompt tokens before block i
+        computed_after = [0] * (n + 1)  # tokens computed anyway from block i on
+        for x in range(n - 1, -1, -1):
+            computed_after[x] = computed_after[x + 1] + (tokens[x] if where[x] < 0 else 0)
         i = 0
         while i < n:
             if where[i] < 1:
@@ -392,7 +417,8 @@ class LoadPricer:
                 loaded_tok = 0
                 for cut in range(len(segs) + 1):
                     rest = run_tokens - loaded_tok
-                    cost = loaded_ms + self.recompute_ms(rest, before + loaded_tok)
+                    after = computed_after[j]
+                    cost = loaded_ms + self.recompute_ms(rest, after, before + loaded_tok)
                     if cost <= best_ms:
                         best_cut, best_ms = cut, cost
                     if cut < len(segs):
@@ -474,6 +500,8 @@ class TieredCache:
         if len(set(names)) != len(names):
             raise ValueError(f"tier names must be distinct (gpu is tier 0): {names}")
         check_tier_policy(top_policy)
+        if load == "move":
+            check_move_policies([spec.policy for spec, _ in lower])
         self.top = BlockCache(top_capacity_blocks, _recording_policy(top_policy, top_params))
         self._evicted: list[Block] = self.top.policy.tier_evicted
         self.tiers = [
@@ -552,12 +580,13 @@ class TieredCache:
             store.policy.on_request(rb, now)
         where: list[int] = []
         in_run = False
+        seen: set[object] = set()  # a key met again in this request: tier 0 holds it by then
         for key, parent in zip(keys, parents, strict=True):
             if parent is None:
                 in_run = True
             t = -1
             if in_run:
-                if key in cached:
+                if key in cached or key in seen:
                     t = 0
                 else:
                     for k in range(n_low):
@@ -567,10 +596,14 @@ class TieredCache:
                     if t < 0:
                         in_run = False
             where.append(t)
+            seen.add(key)
         del self._evicted[:]
         lease = top.acquire(rb, now)
         evicted = self._evicted
-        if evicted:  # tier-0 blocks evicted before this request reached them
+        # tier-0 blocks evicted before this request reached them, and blocks tier 0 could not
+        # cache (a request larger than it): a load must land in GPU memory, else it is computed
+        short = len(lease.blocks) != len(keys)
+        if evicted or short:
             gone = {b.key for b in evicted}
             in_run = False
             for i, key in enumerate(keys):
@@ -581,6 +614,9 @@ class TieredCache:
                 elif where[i] == 0 and key in gone:  # loaded from below if kept there
                     where[i] = next((k + 1 for k in range(n_low) if key in tiers[k].blocks), -1)
                     in_run = where[i] > 0
+                if in_run and where[i] > 0 and short and key not in cached:
+                    where[i] = -1
+                    in_run = False
         st = self.tier_stats
         load_ms = self.pricer.decide(rb, where, st) if self.pricer is not None else 0.0
         st.requests += 1

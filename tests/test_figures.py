@@ -460,6 +460,8 @@ def test_every_figure_function_is_covered_here():
         "verdict_figure",
         "gap_heatmap",
         "regime_figure",
+        "figure_ratios",  # saved through the check in tests/test_repurpose_tiered.py
+        "figure_tiers",  # and in tests/test_claude_code_tiered.py
     }
 
 

@@ -74,12 +74,16 @@ def test_a_lower_tier_that_holds_everything_gives_the_infinite_cache_for_free(mo
 
 def test_paid_ttft_is_free_ttft_plus_loads_in_series_and_at_least_compute_overlapped():
     rows = rows_of_small()
+    assert set(rows[rows["cost"] == "free"]["mean_load_ms"]) == {0.0}  # free: no load time
     d = rows[rows["stack"] == "ssd"].set_index(["seed", "mode", "scheme", "cost"])
+    hidden = []
     for key in {k[:3] for k in d.index}:
         series = d.loc[(*key, "series"), "mean_ttft_ms"]
         overlap = d.loc[(*key, "overlap"), "mean_ttft_ms"]
         assert overlap <= series
         assert series - overlap <= d.loc[(*key, "series"), "mean_load_ms"] + 1e-9
+        hidden.append(series - overlap)
+    assert max(hidden) > 0  # overlapping hides some load time somewhere
 
 
 def test_the_slower_link_keeps_less_of_the_gain():
@@ -115,6 +119,14 @@ def test_claim_values_and_figure(tmp_path):
     for key in ("ratio_free", "ratio_series", "ratio_overlap", "kept_series"):
         assert values[key]["n"] == 2
     assert values["ratio_free"]["value"] <= values["ratio_series"]["value"]
+    kept = []
+    for seed in (0, 1):
+        d = rows[(rows["seed"] == seed) & (rows["stack"] == "dram")].set_index(["scheme", "cost"])
+        r = {c: d.loc[("cacheblend", c), "mean_ttft_ms"] / d.loc[("prefix", c), "mean_ttft_ms"]
+             for c in ("free", "series")}  # fmt: skip
+        kept.append((1 - r["series"]) / (1 - r["free"]))
+    assert values["kept_series"]["value"] == pytest.approx(sum(kept) / 2)
+    assert values["claim_lower"] == "4GB cpu" and values["gpu"] == "2GB"
     fig = RT.figure_ratios(cfg, RT.ratios(cfg, rows), "tiered (test)")
     assert save_figure(fig, tmp_path, "fig_repurpose_tiered")  # passes the style check
 

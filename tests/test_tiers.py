@@ -215,6 +215,38 @@ def test_a_block_the_request_evicts_before_reaching_it_is_loaded_from_below(writ
     assert tc.access(r, 2.0) == want
 
 
+def test_a_key_repeated_in_one_request_is_served_by_the_gpu_tier():
+    """Segment keying may repeat a segment in one prompt: its second copy hits what the
+    first put in GPU memory (tier 0 counts it so; a load is not counted twice)."""
+    tc = tiered(8, [("cpu", 8, "lru")])
+    r = rb([1, 2, 1, 2], parents=[None, 1, None, 1])
+    assert tc.access(r, 0.0) == [-1, -1, 0, 0]
+    tc2 = tiered(2, [("cpu", 8, "lru")])
+    tc2.access(rb([1, 2], index=0), 0.0)
+    tc2.access(rb([5, 6], index=1), 1.0)  # 1, 2 now only in the cpu tier
+    assert tc2.access(rb([1, 2, 1, 2], parents=[None, 1, None, 1], index=2), 2.0) == [1, 1, 0, 0]
+    assert tc2.tier_stats.loaded_blocks[1] == 2
+
+
+def test_a_load_that_gpu_memory_cannot_hold_is_computed():
+    """GPU 4 blocks, a request of two 4-block runs both in the cpu tier: GPU memory holds
+    only 4 of them, so only those are loads; the rest is computed (and stays below)."""
+    tc = tiered(4, [("cpu", 16, "lru")], write="through")
+    first = rb([1, 2, 3, 4, 11, 12, 13, 14], parents=[None, 1, 2, 3, None, 11, 12, 13])
+    tc.access(first, 0.0)  # 1-4 cached in GPU and written to cpu; 11-14 cached nowhere
+    for k in (11, 12, 13, 14):  # as an earlier, shorter request would have left them
+        tc.tiers[0].insert(k, 0, 4, None, 0.5)
+    tc.access(rb([21, 22, 23, 24], index=1), 1.0)  # GPU now holds only these
+    where = tc.access(first, 2.0)
+    assert sum(t == 1 for t in where) == 4 and where.count(-1) == 4
+
+
+@pytest.mark.parametrize("policy", ["s3fifo", "arc", "wtinylfu", "lfu"])
+def test_move_is_refused_over_policies_that_cannot_drop_a_block(policy):
+    with pytest.raises(ValueError, match="cannot drop a loaded block"):
+        tiered(4, [("cpu", 4, policy)], write="evict", load="move")
+
+
 # ------------------------------------------------------------------ specs and errors
 
 

@@ -4,6 +4,8 @@ do not overlap, and nothing changed when the lower tiers never serve."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from helpers import rb
 
@@ -196,26 +198,55 @@ def test_tiers_need_a_kv_size_and_an_online_policy():
 
 
 class RecordingLatency:
-    """ttft_ms(n, before) = the pricer's own time to load n tokens from the cpu tier (so
-    loading a cpu segment and recomputing it cost the same), and every call recorded."""
+    """ttft_ms(n, before) = n ms, every call recorded."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[int, int]] = []
-        self.pricer: LoadPricer | None = None
 
     def ttft_ms(self, n: int, before: int) -> float:
         self.calls.append((n, before))
-        return self.pricer.load_ms(1, n) if n else 0.0
+        return float(n)
 
 
-def test_a_tie_loads_and_recompute_is_priced_after_the_tokens_before_it():
-    lat = RecordingLatency()
-    p = lat.pricer = LoadPricer(lat, 1000.0, [LINKS["pcie5"]])
-    r = rb([1, 2, 3], tokens=[16, 16, 16])
-    where = [0, 0, 1]
+class FlatPricer(LoadPricer):
+    """Every segment costs 1 ms to load; recompute as the base class prices it."""
+
+    def load_ms(self, tier: int, tokens: int) -> float:
+        return 1.0
+
+
+def test_a_tie_loads():
+    p = FlatPricer(RecordingLatency(), 1000.0, [LINKS["pcie5"]])
+    r = rb([1, 2], tokens=[1, 16])  # recompute the 1-token segment: 1 ms, as loading it
+    where = [1, -1]
     p.decide(r, where, TierStats(["gpu", "cpu"]))
-    assert where == [0, 0, 1]  # equal cost: loaded
-    assert (16, 32) in lat.calls  # the segment's 16 tokens after the 32 before it
+    assert where == [1, -1]
+
+
+def test_recompute_is_priced_inside_the_prefill_the_request_runs_anyway():
+    """[gpu 16 | cpu 16 | miss 32]: recomputing the cpu segment costs computing 16 + 32 tokens
+    after 16 against 32 after 32, not 16 tokens alone."""
+    lat = RecordingLatency()
+    p = LoadPricer(lat, 1000.0, [LINKS["pcie5"]])
+    r = rb([1, 2, 3], tokens=[16, 16, 32])
+    p.decide(r, [0, 1, -1], TierStats(["gpu", "cpu"]))
+    assert (48, 16) in lat.calls and (32, 32) in lat.calls
+    assert p.recompute_ms(16, 0, 0) == 16.0  # nothing after: the last token still counts
+    assert lat.calls[-2:] == [(17, 0), (1, 16)]
+
+
+def test_a_short_segment_is_not_free_to_recompute_on_a_roofline():
+    """On the roofline a 64-token prefill alone sits under the weight-read floor (about
+    free), but inside a 4000-token prefill it costs its FLOPs: the pricer loads it."""
+    from skv.latency.roofline import RooflineLatency
+
+    lat = RooflineLatency(model="llama-3.1-8b", gpu="H100")
+    p = LoadPricer(lat, get_model("llama-3.1-8b").kv_bytes_per_token, [LINKS["pcie5"]])
+    r = rb([1, 2, 3], tokens=[1000, 64, 4000])
+    where = [0, 1, -1]
+    p.decide(r, where, TierStats(["gpu", "cpu"]))
+    assert where == [0, 1, -1]  # loaded: 0.18 ms against about 2 ms of prefill
+    assert p.recompute_ms(64, 4000, 1000) > p.load_ms(1, 64)
 
 
 def test_load_time_is_taken_once():
@@ -237,3 +268,45 @@ def test_an_answer_is_written_down_under_write_through(write, stored):
     tc.extend(lease, rb([1, 2, 3]), 2, 0.5)
     tc.release(lease, 1.0)
     assert 3 in tc.top.blocks and (3 in tc.tiers[0]) is stored
+
+
+# ------------------------------------------------------------------ experiment configs
+
+
+def _smoke_with(**over) -> dict:
+    import yaml
+
+    data = yaml.safe_load(Path("experiments/semantickv/smoke.yaml").read_text())
+    data.update({"capacities": ["10%"], "seeds": [0], "model": MODEL, **over})
+    return data
+
+
+def test_an_experiment_config_runs_with_tiers():
+    """``tiers:`` in an ``skv run`` config reaches the simulator: a cpu tier under a 10% GPU
+    cache serves hits, the run rows say so, and the hit rate beats the same run without it."""
+    from skv.experiments.config import config_from_dict
+    from skv.experiments.runner import simulate_experiment
+
+    plain = simulate_experiment(config_from_dict(_smoke_with()))
+    tiered = simulate_experiment(
+        config_from_dict(_smoke_with(tiers={"lower": ["cpu=50%"], "overlap": True}))
+    )
+    for a, b in zip(plain["runs"], tiered["runs"], strict=True):
+        assert b["tiers"][1]["hit_tokens"] > 0 and "tiers" not in a
+        assert b["token_hit_rate"] > a["token_hit_rate"]
+
+
+@pytest.mark.parametrize(
+    "over, message",
+    [
+        ({"tiers": {"lower": ["cpu"]}}, "tiers.lower: entry 0: tier 'cpu'"),
+        ({"tiers": {"lower": ["cpu=5%"], "write": "back"}}, "tiers.write"),
+        ({"tiers": {"lower": ["cpu=5%"]}, "model": None}, "tiers: set 'model'"),
+        ({"tiers": {"lower": ["cpu=5%"]}, "policies": ["vllm"]}, "cannot run a GPU tier"),
+    ],
+)
+def test_experiment_tier_errors_name_the_field(over, message):
+    from skv.experiments.config import config_from_dict
+
+    with pytest.raises(ValueError, match=message):
+        config_from_dict(_smoke_with(**over))

@@ -147,6 +147,17 @@ STEPS: dict[str, Step] = {
             needs_traces=("weka_cc",),
         ),
         Step(
+            "fig_claude_code_tiered",
+            "replay",
+            "experiments/replay/claude_code_tiered.yaml",
+            (
+                *_fig("fig_claude_code_tiered"),
+                "tables/claude_code_tiered.csv",
+                "tables/claude_code_tiered.tex",
+            ),
+            needs_traces=("weka_cc",),
+        ),
+        Step(
             "tab_reuse_by_type_claude_code",
             "replay",
             "experiments/replay/claude_code_capacity.yaml",

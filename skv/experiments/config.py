@@ -258,6 +258,39 @@ class BatchSpec(_Strict):
     max_running: int = Field(default=256, ge=1, le=1 << 20)
 
 
+class TiersSpec(_Strict):
+    """Lower KV tiers under every replica's GPU cache (the ``capacities`` above are then the GPU
+    tier's; :mod:`skv.tiers`, docs/tiers.md): ``lower`` top down as
+    ``NAME=SIZE[@POLICY][,link=LINK]``; how blocks move; whether loads overlap compute; whether a
+    lower-tier run is loaded only when cheaper than recomputing it."""
+
+    lower: list[str] = Field(min_length=1, max_length=4)
+    write: Literal["through", "evict"] = "through"
+    load: Literal["copy", "move"] = "copy"
+    overlap: bool = False
+    choice: Literal["cheaper", "load"] = "cheaper"
+
+    @field_validator("lower")
+    @classmethod
+    def _parse(cls, lower: list[str]) -> list[str]:
+        from skv.tiers import TierSpec
+
+        for i, spec in enumerate(lower):
+            try:
+                TierSpec.parse(spec)
+            except ValueError as exc:
+                raise ValueError(f"entry {i}: {exc}") from None
+        return lower
+
+    @model_validator(mode="after")
+    def _movable(self) -> TiersSpec:
+        from skv.tiers import TierSpec, check_move_policies
+
+        if self.load == "move":
+            check_move_policies([TierSpec.parse(s).policy for s in self.lower])
+        return self
+
+
 class SeedClaim(_Strict):
     """What the seed system (SemanticKV) reports for this scenario, so the summary can say
     whether this run reproduces it. Stated before running; never adjusted to the outcome."""
@@ -301,6 +334,8 @@ class ExperimentConfig(_Strict):
     sample_every_s: float = Field(default=1.0, gt=0)
     policy_metrics_every: int = Field(default=50, ge=0)
     seed_claim: SeedClaim | None = None
+    #: lower KV tiers under the GPU cache (None: one cache level, every hit free)
+    tiers: TiersSpec | None = None
     in_suite: bool = True
 
     @field_validator("title")
@@ -356,6 +391,14 @@ class ExperimentConfig(_Strict):
             spec = Capacity.parse(cap)
             if spec.kind == "bytes" and self.model is None:
                 raise ValueError(f"capacities[{i}]: {cap!r} is in bytes: set 'model' (a preset)")
+        if self.tiers is not None:
+            from skv.policies.registry import OFFLINE
+
+            if self.model is None:
+                raise ValueError("tiers: set 'model' (a preset): transfers are priced in bytes")
+            for p in self.policies:
+                if p.name == "vllm" or p.name in OFFLINE:
+                    raise ValueError(f"tiers: policy {p.key!r} cannot run a GPU tier over tiers")
             if spec.kind != "fraction":  # a share resolves once the seed's trace is known
                 try:
                     spec.to_blocks(block_size=self.block_size, model=self.model)

@@ -180,7 +180,23 @@ def sim_config(config: ExperimentConfig, policy: PolicySpec, blocks: int) -> Any
         policy_metrics_every=config.policy_metrics_every,
         router_view=config.replicas.view,
         router_cache_blocks=config.replicas.cache_blocks,
+        **_tier_settings(config),
     )
+
+
+def _tier_settings(config: ExperimentConfig) -> dict[str, Any]:
+    """``SimConfig``'s tier fields from the experiment's ``tiers`` (none: one cache level)."""
+    t = config.tiers
+    if t is None:
+        return {}
+    return {
+        "tiers": list(t.lower),
+        "tier_write": t.write,
+        "tier_load": t.load,
+        "tier_overlap": t.overlap,
+        "tier_choice": t.choice,
+        "tier_model": config.model,
+    }
 
 
 def _run_row(
@@ -212,6 +228,9 @@ def _run_row(
         "prompt_tokens_by_type": dict(sorted(s["prompt_tokens_by_type"].items())),
         "evictions_by_type": dict(sorted(s["evictions_by_type"].items())),
     }
+    if "tiers" in s:  # hits per tier and the load-or-recompute choices (docs/tiers.md)
+        run["tiers"] = s["tiers"]
+        run["tier_load_ms"] = s["tier_load_ms"]
     run.update(_learned_weights(policy.name, dict(policy.params), res.policy_series, run))
     return run
 

@@ -65,10 +65,9 @@ class SimConfig:
         if isinstance(period, bool) or not isinstance(period, int | float) or not period >= 0:
             raise ValueError(f"sample_every_s must be >= 0 seconds, got {period!r}")  # NaN too
         if self.tiers:
-            from skv.tiers import CHOICES, LOADS, WRITES, TierSpec
+            from skv.tiers import CHOICES, LOADS, WRITES, TierSpec, check_move_policies
 
-            for spec in self.tiers:
-                TierSpec.parse(spec)
+            specs = [TierSpec.parse(spec) for spec in self.tiers]
             for name, value, allowed in (
                 ("tier_write", self.tier_write, WRITES),
                 ("tier_load", self.tier_load, LOADS),
@@ -78,6 +77,8 @@ class SimConfig:
                     raise ValueError(f"{name} {value!r}: one of {', '.join(allowed)}")
             if not isinstance(self.tier_overlap, bool):
                 raise ValueError(f"tier_overlap must be true or false, got {self.tier_overlap!r}")
+            if self.tier_load == "move":
+                check_move_policies([s.policy for s in specs])
         if self.router_cache_blocks is not None and self.router_cache_blocks < 1:
             raise ValueError(
                 f"router_cache_blocks must be >= 1 or None, got {self.router_cache_blocks}"

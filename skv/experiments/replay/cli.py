@@ -165,7 +165,7 @@ def check_replay_args(args: argparse.Namespace) -> None:
     trace takes seconds to minutes to load; a typo should cost nothing)."""
     from skv.policies.registry import policy_class
     from skv.sizing import Capacity, get_model
-    from skv.tiers import TierSpec, check_tier_policy
+    from skv.tiers import TierSpec, check_move_policies, check_tier_policy
 
     for name in args.policies:
         policy_class(name)  # ValueError naming the known policies
@@ -173,6 +173,8 @@ def check_replay_args(args: argparse.Namespace) -> None:
     if tiers:
         for name in args.policies:
             check_tier_policy(name)
+        if args.tier_load == "move":
+            check_move_policies([t.policy for t in tiers])
     sizes = [*(args.capacity or []), *(t.capacity for t in tiers)]
     for spec in sizes:
         if Capacity.parse(spec).kind == "bytes":

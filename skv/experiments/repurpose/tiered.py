@@ -267,7 +267,15 @@ def claim_values(cfg: TieredConfig, rows: pd.DataFrame) -> dict[str, Any]:
     """At ``claim_stack`` and ``claim_scheme``: segment / prefix TTFT with hits free, with
     transfers paid in series and overlapped (paired per seed), and how much of the free
     gain survives the transfers (``kept_series``: (1 - paid) / (1 - free) per seed)."""
-    values: dict[str, Any] = {"stack": cfg.claim_stack, "scheme": cfg.claim_scheme}
+    from skv.tiers import TierSpec
+
+    lower = [TierSpec.parse(t) for t in cfg.stacks[cfg.claim_stack]]
+    values: dict[str, Any] = {
+        "stack": cfg.claim_stack,
+        "scheme": cfg.claim_scheme,
+        "gpu": cfg.gpu,
+        "claim_lower": " + ".join(f"{t.capacity} {t.name}" for t in lower) or "none",
+    }
     pre = rows[(rows["scheme"] == "prefix") & (rows["stack"] == cfg.claim_stack)]
     seg = rows[(rows["scheme"] == cfg.claim_scheme) & (rows["stack"] == cfg.claim_stack)]
     per_cost = {}

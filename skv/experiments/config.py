@@ -391,6 +391,11 @@ class ExperimentConfig(_Strict):
             spec = Capacity.parse(cap)
             if spec.kind == "bytes" and self.model is None:
                 raise ValueError(f"capacities[{i}]: {cap!r} is in bytes: set 'model' (a preset)")
+            if spec.kind != "fraction":  # a share resolves once the seed's trace is known
+                try:
+                    spec.to_blocks(block_size=self.block_size, model=self.model)
+                except ValueError as exc:
+                    raise ValueError(f"capacities[{i}]: {exc}") from None
         if self.tiers is not None:
             from skv.policies.registry import OFFLINE
 
@@ -399,11 +404,6 @@ class ExperimentConfig(_Strict):
             for p in self.policies:
                 if p.name == "vllm" or p.name in OFFLINE:
                     raise ValueError(f"tiers: policy {p.key!r} cannot run a GPU tier over tiers")
-            if spec.kind != "fraction":  # a share resolves once the seed's trace is known
-                try:
-                    spec.to_blocks(block_size=self.block_size, model=self.model)
-                except ValueError as exc:
-                    raise ValueError(f"capacities[{i}]: {exc}") from None
         if self.seed_claim is not None and self.seed_claim.winner not in {
             p.name for p in self.policies
         }:

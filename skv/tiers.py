@@ -614,8 +614,8 @@ class TieredCache:
                 elif where[i] == 0 and key in gone:  # loaded from below if kept there
                     where[i] = next((k + 1 for k in range(n_low) if key in tiers[k].blocks), -1)
                     in_run = where[i] > 0
-                if in_run and where[i] > 0 and short and key not in cached:
-                    where[i] = -1
+                if in_run and where[i] >= 0 and short and key not in cached:
+                    where[i] = -1  # also a repeat whose first copy tier 0 could not cache
                     in_run = False
         st = self.tier_stats
         load_ms = self.pricer.decide(rb, where, st) if self.pricer is not None else 0.0

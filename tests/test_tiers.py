@@ -241,6 +241,14 @@ def test_a_load_that_gpu_memory_cannot_hold_is_computed():
     assert sum(t == 1 for t in where) == 4 and where.count(-1) == 4
 
 
+def test_a_repeat_in_a_request_larger_than_the_gpu_tier_is_computed():
+    """GPU 2 blocks, [1, 2, 3 | 3]: 3 is never cached (GPU memory is full of 1 and 2, pinned),
+    so its repeat is computed too, not a GPU hit."""
+    tc = tiered(2, [("cpu", 8, "lru")])
+    r = rb([1, 2, 3, 3], parents=[None, 1, 2, None])
+    assert tc.access(r, 0.0) == [-1, -1, -1, -1]
+
+
 @pytest.mark.parametrize("policy", ["s3fifo", "arc", "wtinylfu", "lfu"])
 def test_move_is_refused_over_policies_that_cannot_drop_a_block(policy):
     with pytest.raises(ValueError, match="cannot drop a loaded block"):

@@ -162,20 +162,9 @@ def main() -> None:
         f"zipf alpha={args.alpha}", trace, int(unique * args.capacity_frac), args.policies
     )
     if args.json:
-        from skv._build import build_status
-        from skv.artifact.timings import machine, write_json
+        from skv.artifact.timings import write_bench_json
 
-        write_json(
-            Path(args.json),
-            {
-                "command": "python benchmarks/replay_speed.py " + " ".join(sys.argv[1:]),
-                "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "machine": machine(),
-                "python": sys.version.split()[0],
-                "compiled": sorted(k for k, v in build_status().items() if v == "compiled"),
-                "rows": rows,
-            },
-        )
+        write_bench_json(Path(args.json), "replay_speed.py", sys.argv[1:], rows)
 
 
 if __name__ == "__main__":

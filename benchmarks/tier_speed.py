@@ -77,20 +77,9 @@ def main() -> None:
                      "accesses_per_s": accesses / s})  # fmt: skip
         log.info("%-28s %-10s %8.3f s  %12.0f accesses/s", label, args.policy, s, accesses / s)
     if args.json:
-        from skv._build import build_status
-        from skv.artifact.timings import machine, write_json
+        from skv.artifact.timings import write_bench_json
 
-        write_json(
-            Path(args.json),
-            {
-                "command": "python benchmarks/tier_speed.py " + " ".join(sys.argv[1:]),
-                "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "machine": machine(),
-                "python": sys.version.split()[0],
-                "compiled": sorted(k for k, v in build_status().items() if v == "compiled"),
-                "rows": rows,
-            },
-        )
+        write_bench_json(Path(args.json), "tier_speed.py", sys.argv[1:], rows)
 
 
 if __name__ == "__main__":

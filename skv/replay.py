@@ -186,33 +186,21 @@ def replay_one(
     series: list[dict[str, float]] = []
     policy_obj = getattr(cache, "policy", None)
     chunk = metrics_every if metrics_every and policy_obj is not None else 8192
-    t0 = time.perf_counter()
-    with (
-        tqdm(
-            total=len(trace),
-            desc=f"{policy}@{capacity_blocks}",
-            unit="req",
-            disable=(not progress) if progress is not None else None,
-            mininterval=1.0,
-            leave=False,
-        ) as bar,
-        no_cyclic_gc(),
-    ):
-        for start in range(0, len(trace), chunk):
-            stop = min(start + chunk, len(trace))
-            if by_node:
-                cache.replay(trace, start, stop)
-            elif compact:  # rebuilt a part at a time: memory is one part, not the trace
-                for part in trace.parts(start, stop):
-                    cache.replay(part, 0, len(part))
-            else:
-                cache.replay(trace, start, stop)
-            bar.update(stop - start)
-            if metrics_every and policy_obj is not None:
-                m = policy_obj.metrics()
-                if m:
-                    series.append({"request": stop, "time_s": _arrival(trace, stop - 1), **m})
-    elapsed = time.perf_counter() - t0
+
+    def sample(stop: int) -> None:
+        m = policy_obj.metrics()
+        if m:
+            series.append({"request": stop, "time_s": _arrival(trace, stop - 1), **m})
+
+    elapsed = _replay_chunks(
+        cache,
+        trace,
+        f"{policy}@{capacity_blocks}",
+        progress,
+        chunk,
+        by_node=by_node,
+        after_chunk=sample if metrics_every and policy_obj is not None else None,
+    )
     s = cache.stats
     row: dict[str, Any] = {
         "policy": policy,
@@ -252,6 +240,46 @@ def replay_one(
     return row
 
 
+def _replay_chunks(
+    cache: Any,
+    trace: Sequence[RequestBlocks],
+    desc: str,
+    progress: bool | None,
+    chunk: int,
+    *,
+    by_node: bool = False,
+    after_chunk: Any = None,
+) -> float:
+    """``cache.replay`` over ``trace`` in chunks of ``chunk`` requests, with a progress bar and
+    the cyclic collector paused; a compact trace is rebuilt a part at a time (memory is one
+    part, not the trace) unless the cache replays nodes (``by_node``). ``after_chunk(stop)``
+    runs after each chunk. Returns the seconds the replay took."""
+    compact = isinstance(trace, CompactTrace)
+    t0 = time.perf_counter()
+    with (
+        tqdm(
+            total=len(trace),
+            desc=desc,
+            unit="req",
+            disable=(not progress) if progress is not None else None,
+            mininterval=1.0,
+            leave=False,
+        ) as bar,
+        no_cyclic_gc(),
+    ):
+        for start in range(0, len(trace), chunk):
+            stop = min(start + chunk, len(trace))
+            if compact and not by_node:
+                for part in trace.parts(start, stop):
+                    cache.replay(part, 0, len(part))
+            else:
+                cache.replay(trace, start, stop)
+            bar.update(stop - start)
+            if after_chunk is not None:
+                after_chunk(stop)
+    return time.perf_counter() - t0
+
+
 def replay_tiered(
     trace: Sequence[RequestBlocks],
     policy: str,
@@ -270,28 +298,8 @@ def replay_tiered(
     evictions, and blocks and bytes moved on its link)."""
     totals = totals or trace_totals(trace)
     cache = TieredCache(policy, capacity_blocks, lower, write=write, load=load)
-    compact = isinstance(trace, CompactTrace)
-    t0 = time.perf_counter()
-    with (
-        tqdm(
-            total=len(trace),
-            desc=f"{policy}@{capacity_blocks}+{len(lower)} tiers",
-            unit="req",
-            disable=(not progress) if progress is not None else None,
-            mininterval=1.0,
-            leave=False,
-        ) as bar,
-        no_cyclic_gc(),
-    ):
-        for start in range(0, len(trace), 8192):
-            stop = min(start + 8192, len(trace))
-            if compact:
-                for part in trace.parts(start, stop):
-                    cache.replay(part, 0, len(part))
-            else:
-                cache.replay(trace, start, stop)
-            bar.update(stop - start)
-    elapsed = time.perf_counter() - t0
+    desc = f"{policy}@{capacity_blocks}+{len(lower)} tiers"
+    elapsed = _replay_chunks(cache, trace, desc, progress, 8192)
     st = cache.tier_stats
     top = cache.top.stats
     row: dict[str, Any] = {

@@ -382,6 +382,8 @@ class LoadPricer:
     def decide(self, rb: RequestBlocks, where: list[int], st: TierStats) -> float:
         """Set ``where[i] = -1`` for the lower-tier blocks to recompute; count the choices
         in ``st``; returns the load time (ms) of the rest."""
+        if max(where, default=-1) < 1:  # nothing below GPU memory: nothing to choose
+            return 0.0
         tokens = rb.tokens
         parents = rb.parents
         n = len(where)

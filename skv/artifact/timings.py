@@ -110,6 +110,24 @@ def write_json(path: Path, data: Mapping[str, Any]) -> None:
     write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
+def write_bench_json(path: Path, script: str, argv: list[str], rows: list[Any]) -> None:
+    """A benchmark's rows with the command that made them, the date, the machine and what
+    ran compiled: the file the docs' speed statements cite (``benchmarks/results/``)."""
+    from skv._build import build_status
+
+    write_json(
+        path,
+        {
+            "command": f"python benchmarks/{script} " + " ".join(argv),
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "machine": machine(),
+            "python": sys.version.split()[0],
+            "compiled": sorted(k for k, v in build_status().items() if v == "compiled"),
+            "rows": rows,
+        },
+    )
+
+
 def mark(phase: str, start: float, build: Path, **extra: Any) -> dict[str, Any]:
     """Record that ``phase`` ran from ``start`` (epoch seconds) until now, in
     ``build/<phase>.json``."""

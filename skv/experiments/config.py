@@ -529,6 +529,19 @@ def read_model(path: str | Path, model: type[M], what: str) -> tuple[dict[str, A
         raise ConfigError(f"{path}: {_flatten(exc)}") from None
 
 
+def read_model_quick(path: str | Path, model: type[M], what: str, *, quick: bool) -> M:
+    """:func:`read_model`, then in a quick run the config's own ``quick:`` mapping laid over
+    its top-level fields (validated again; errors name ``quick overrides``)."""
+    data, cfg = read_model(path, model, what)
+    over = getattr(cfg, "quick", None)
+    if quick and over:
+        try:
+            cfg = model.model_validate({**data, **over, "quick": {}})
+        except ValidationError as exc:
+            raise ConfigError(f"{path}: quick overrides: {_flatten(exc)}") from None
+    return cfg
+
+
 def _check_size(data: Any, path: Path) -> None:
     """Count values as a reader of the data sees them (an alias counts each time it is used),
     stopping at the first bound crossed: its field is named, nothing is expanded (a container's

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from skv.experiments.stats import interval
 
@@ -58,14 +58,9 @@ class GapConfig(BaseModel):
 def load_gap_config(path: str | Path, *, quick: bool) -> GapConfig:
     """The sweep's config, read by :func:`skv.experiments.config.read_yaml` (size bounds);
     errors are ``ConfigError`` naming the file and the field (``quick.`` for an override)."""
-    from skv.experiments.config import ConfigError, _flatten, read_model
+    from skv.experiments.config import ConfigError, read_model_quick
 
-    data, cfg = read_model(path, GapConfig, "session-gap config")
-    if quick and cfg.quick:
-        try:
-            cfg = GapConfig.model_validate({**data, **cfg.quick, "quick": {}})
-        except ValidationError as exc:
-            raise ConfigError(f"{path}: quick overrides: {_flatten(exc)}") from None
+    cfg = read_model_quick(path, GapConfig, "session-gap config", quick=quick)
     if cfg.assumed_gap_s not in cfg.gaps_s:
         raise ConfigError(f"{path}: assumed_gap_s {cfg.assumed_gap_s} must be one of gaps_s")
     return cfg

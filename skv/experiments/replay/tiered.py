@@ -24,7 +24,7 @@ from typing import Annotated, Any
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from skv.experiments.stats import interval
 
@@ -97,15 +97,9 @@ class TieredAgentConfig(BaseModel):
 
 def load(path: str | Path, *, quick: bool) -> TieredAgentConfig:
     """Read and validate the config; errors are ``ConfigError`` naming file and field."""
-    from skv.experiments.config import ConfigError, _flatten, read_model
+    from skv.experiments.config import read_model_quick
 
-    data, cfg = read_model(path, TieredAgentConfig, "tiered agentic config")
-    if quick and cfg.quick:
-        try:
-            cfg = TieredAgentConfig.model_validate({**data, **cfg.quick, "quick": {}})
-        except ValidationError as exc:
-            raise ConfigError(f"{path}: quick overrides: {_flatten(exc)}") from None
-    return cfg
+    return read_model_quick(path, TieredAgentConfig, "tiered agentic config", quick=quick)
 
 
 def _seed_task(task: tuple[TieredAgentConfig, int]) -> list[dict[str, Any]]:

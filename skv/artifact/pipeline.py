@@ -652,7 +652,11 @@ def run_pipeline(
         missing = [str(p) for p in outs if not p.is_file() or p.stat().st_size == 0]
         if missing:
             return Result(step.name, "failed", elapsed, f"outputs missing or empty: {missing}")
-        stamp.write_text(json.dumps({"key": key, "seconds": round(elapsed, 2)}) + "\n")
+        # when, and from which commit: the claims' measurement record reads it
+        # (skv.artifact.measurements)
+        done = {"key": key, "seconds": round(elapsed, 2), "finished": timings.now(),
+                "revision": timings.revision(root)}  # fmt: skip
+        stamp.write_text(json.dumps(done) + "\n")
         return Result(step.name, "ran", elapsed)
 
     pending = list(steps)

@@ -29,6 +29,7 @@ import json
 import os
 import platform
 import re
+import subprocess
 import sys
 import time
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
@@ -94,7 +95,27 @@ def machine() -> dict[str, Any]:
     return {"cores": os.cpu_count(), "memory_gib": mem_gib, "cpu": cpu}
 
 
-def _now() -> str:
+#: what a result depends on: a change here that is not committed makes a revision "+dirty"
+RESULT_SOURCES = ("skv", "experiments", "notebooks", "pyproject.toml", "requirements.lock")
+
+
+def revision(root: Path = REPO) -> str | None:
+    """The git commit the results come from (12 hex digits), with "+dirty" when a source of
+    results (:data:`RESULT_SOURCES`) differs from it; None outside a git checkout."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(("git", "-C", str(root), *args), capture_output=True, text=True,
+                              check=True, timeout=30).stdout.strip()  # fmt: skip
+
+    try:
+        head = git("rev-parse", "--short=12", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no", "--", *RESULT_SOURCES)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+dirty" if dirty else "")
+
+
+def now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
@@ -133,7 +154,7 @@ def mark(phase: str, start: float, build: Path, **extra: Any) -> dict[str, Any]:
     ``build/<phase>.json``."""
     if phase not in PHASES:
         raise ValueError(f"phase {phase!r}: expected one of {', '.join(PHASES)}")
-    rec = {"seconds": round(time.time() - start, 1), "finished": _now(), "machine": machine(),
+    rec = {"seconds": round(time.time() - start, 1), "finished": now(), "machine": machine(),
            **extra}  # fmt: skip
     write_json(build / f"{phase}.json", rec)
     return rec
@@ -146,9 +167,9 @@ def run_record(
     step of ``all_steps`` ran in this run, so ``total_s`` is the time of the whole mode."""
     steps = {r.step: {"status": r.status, "seconds": round(r.seconds, 1)} for r in results}
     complete = set(steps) == set(all_steps) and all(s["status"] == "ran" for s in steps.values())
-    return {"mode": "quick" if quick else "full", "finished": _now(), "machine": machine(),
-            "jobs": jobs, "total_s": round(total_s, 1), "complete": complete,
-            "steps": steps}  # fmt: skip
+    return {"mode": "quick" if quick else "full", "finished": now(), "machine": machine(),
+            "revision": revision(), "jobs": jobs, "total_s": round(total_s, 1),
+            "complete": complete, "steps": steps}  # fmt: skip
 
 
 # ------------------------------------------------------------------------- the record
@@ -191,7 +212,8 @@ def merge(record: dict[str, Any], build: Path) -> list[str]:
                     per_step[name] = new
                     changed.append(f"{mode} {name}: {s['seconds']} s")
         if run["complete"] and record["runs"].get(mode, {}).get("finished") != run["finished"]:
-            record["runs"][mode] = {k: run[k] for k in ("finished", "machine", "jobs", "total_s")}
+            keep = ("finished", "machine", "revision", "jobs", "total_s")
+            record["runs"][mode] = {k: run[k] for k in keep if k in run}
             record["runs"][mode]["steps"] = len(run["steps"])
             changed.append(f"{mode} run: {run['total_s']} s")
     return changed

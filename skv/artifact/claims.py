@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -376,15 +376,18 @@ def format_rows(rows: Sequence[Row]) -> str:
     return "\n".join(out)
 
 
-def markdown_table(doc: ClaimsFile) -> str:
-    """The claims as a Markdown table (ARTIFACT.md quotes it; tests keep the two in step)."""
+def markdown_table(doc: ClaimsFile, measured: Mapping[str, str] | None = None) -> str:
+    """The claims as a Markdown table (ARTIFACT.md quotes it; tests keep the two in step);
+    ``measured``: step -> when and from which commit its full run was measured
+    (skv.artifact.measurements.labels)."""
 
     def exp(e: float | None, t: float | None) -> str:
         return "-" if e is None else f"{e:g} ± {t:g}"
 
+    measured = measured or {}
     lines = [
-        "| claim | compares | source | expected | thesis | verdict | quick | step |",
-        "|---|---|---|---|---|---|---|---|",
+        "| claim | compares | source | expected | thesis | verdict | quick | step | measured |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for c in doc.claims:
         q = c.quick
@@ -392,6 +395,7 @@ def markdown_table(doc: ClaimsFile) -> str:
         basis = {"ci95": "95% CI", "spre": "runs"}.get(c.tolerance_basis[:4], "det.")
         lines.append(
             f"| `{c.id}` | {c.compares} | {c.source} | {exp(c.expected, c.tolerance)} ({basis}) "
-            f"| {c.holds or '-'} | {c.verdict or '-'} | {quick} | `{c.step}` |"
+            f"| {c.holds or '-'} | {c.verdict or '-'} | {quick} | `{c.step}` "
+            f"| {measured.get(c.step, '-')} |"
         )
     return "\n".join(lines)

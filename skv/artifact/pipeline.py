@@ -197,6 +197,16 @@ STEPS: dict[str, Step] = {
             ),
         ),
         Step(
+            "fig_saecache_tuning",
+            "saecache",
+            "experiments/saecache/saecache_tuning.yaml",
+            (
+                *_fig("fig_saecache_tuning"),
+                "tables/saecache_tuning.csv",
+                "tables/saecache_tuning.tex",
+            ),
+        ),
+        Step(
             "tab_saecache_grid",
             "saecache",
             "experiments/saecache/grid",
@@ -384,6 +394,16 @@ STEPS: dict[str, Step] = {
                 *_fig("fig_cacheroute_regimes"),
                 "tables/cacheroute_regimes.csv",
                 "tables/cacheroute_regimes.tex",
+            ),
+        ),
+        Step(
+            "fig_cacheroute_tuning",
+            "cacheroute",
+            "experiments/cacheroute/cacheroute_tuning.yaml",
+            (
+                *_fig("fig_cacheroute_tuning"),
+                "tables/cacheroute_tuning.csv",
+                "tables/cacheroute_tuning.tex",
             ),
         ),
     )
@@ -859,6 +879,23 @@ def build_paper(*, quick: bool = False, root: Path = REPO, layout: Layout | None
     return 0
 
 
+def measured_main(action: str, build: Path) -> int:
+    """``measured record|check``: the claims' measurement record (skv.artifact.measurements)."""
+    from skv.artifact import measurements
+
+    doc = load_claims()
+    if action == "record":
+        changed, refused = measurements.record(doc, build)
+        for line in changed or ["nothing new"]:
+            print(f"[measured] {line}")
+        for line in refused:
+            print(f"[measured] refused {line}", file=sys.stderr)
+    rows = measurements.check(doc, measurements.load())
+    print(claims_mod.format_rows(rows))
+    print(claims_mod.summary_line(rows))
+    return 1 if claims_mod.failing(rows) else 0
+
+
 # ----------------------------------------------------------------------------------------
 # command line
 
@@ -893,6 +930,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "render; render: rewrite the docs' timings tables; check: stale tables or "
                     "hand-typed times (exit 1)")  # fmt: skip
     tm.add_argument("build", nargs="?", type=Path, default=REPO / "build")
+    ms = sub.add_parser("measured", help="which run each full-run claim's value comes from "
+                        "(skv.artifact.measurements)")  # fmt: skip
+    ms.add_argument("action", choices=["record", "check"],
+                    help="record: fold BUILD's full-run steps into "
+                    "experiments/measurements.json; check: each claim against its recorded "
+                    "values (exit 1 on a failure)")  # fmt: skip
+    ms.add_argument("build", nargs="?", type=Path, default=REPO / "build")
     pp = sub.add_parser("paper", help="write paper values and build the PDF (needs LaTeX)")
     pp.add_argument("--quick", action="store_true", help="from the quick run, into build/quick")
     pp.add_argument(
@@ -911,6 +955,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f)
             return 0
         return build_paper(quick=args.quick)
+    if args.cmd == "measured":
+        return measured_main(args.action, args.build)
     if args.cmd == "timings":
         steps = list(STEPS)
         engine = {s.name for s in STEPS.values() if s.needs_engine}
@@ -932,7 +978,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.cmd == "check":
         if args.markdown:
-            print(claims_mod.markdown_table(load_claims()))
+            from skv.artifact import measurements
+
+            print(
+                claims_mod.markdown_table(load_claims(), measurements.labels(measurements.load()))
+            )
             return 0
         rows = check_claims(quick=args.quick)
         return 1 if claims_mod.failing(rows) else 0

@@ -1,0 +1,315 @@
+"""Equal tuning: does a paper's verdict survive when the method and every baseline are tuned alike?
+
+A method tuned by its authors against baselines run with their defaults wins partly by tuning.
+Here every policy (or router) with parameters gets the same budget: ``budget`` settings, its
+default counting as one (``[default, *grids[policy]]``; a policy without parameters has only
+its default). Each setting runs on the *tuning* traces, which the evaluation never sees (the
+config refuses a tuning trace that shares a setting and a seed with an evaluation trace), and
+each policy keeps its setting with the best geometric mean of ``metric`` there (ties: the
+earlier, so a grid that does not help leaves the default). Then every policy runs on the
+*evaluation* traces twice, with its default and with its tuned setting, and the method's ratio
+to each baseline is reported both ways, default against default and tuned against tuned: per
+seed the geometric mean over the evaluation settings of ``baseline / method`` (``lower`` is
+better, as TTFT) or ``method / baseline`` (``higher``, as max QPS), Student t over seeds. Above
+1 the method is better. "Best tuned baseline" is picked on the evaluation means, which favours
+the baselines.
+
+A study supplies the cell: ``cell(cfg, setting, seed, variants) -> {variant.key: {metric:
+value}}``, every variant simulated on the same trace (one per setting and seed), so the ratios
+are paired. This module holds the rule, the runs' bookkeeping, the claims' values and the figure.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from skv.experiments.plotstyle import Comparison, figure, paper_style, wrap_title
+from skv.experiments.stats import interval
+from skv.experiments.sweep import run_sweep
+
+#: the most settings a policy may try (the default included)
+MAX_BUDGET = 8
+VERSIONS = ("default", "tuned")
+
+
+class Traces(BaseModel):
+    """Which traces a phase runs: every study setting (its name) at every seed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    settings: list[str] = Field(min_length=1, max_length=32)
+    seeds: list[int] = Field(min_length=1, max_length=10)
+
+    def cells(self) -> list[tuple[str, int]]:
+        return [(s, seed) for s in self.settings for seed in self.seeds]
+
+
+class TuningConfig(BaseModel):
+    """The fields every equal-tuning study has; a study subclasses it with its base setup."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    id: str
+    title: str = ""
+    description: str = ""
+    method: str
+    baselines: list[str] = Field(min_length=1, max_length=8)
+    #: the baseline the paper reports its headline against (one of ``baselines``)
+    reference: str
+    metric: str
+    better: Literal["lower", "higher"]
+    #: the paper's headline ratio, method over ``reference``
+    headline: float = Field(gt=0, allow_inf_nan=False)
+    budget: int = Field(ge=1, le=MAX_BUDGET)
+    #: policy -> the settings it tries besides its default (parameters merged over the
+    #: default's); a policy not named has nothing to tune
+    grids: dict[str, list[dict[str, Any]]] = Field(default_factory=dict)
+    tuning: Traces
+    evaluation: Traces
+
+    @model_validator(mode="after")
+    def _check(self) -> TuningConfig:
+        if self.method in self.baselines:
+            raise ValueError(f"baselines: {self.method!r} is the method")
+        if self.reference not in self.baselines:
+            raise ValueError(f"reference: {self.reference!r} is not one of the baselines")
+        for policy, settings in self.grids.items():
+            if policy not in self.policies:
+                raise ValueError(f"grids.{policy}: not the method or a baseline")
+            if len(settings) + 1 > self.budget:
+                raise ValueError(
+                    f"grids.{policy}: {len(settings)} settings + the default exceed the budget "
+                    f"of {self.budget}"
+                )
+        shared = set(self.tuning.cells()) & set(self.evaluation.cells())
+        if shared:
+            raise ValueError(
+                f"tuning: {sorted(shared)[0]} is also an evaluation trace; tune on traces the "
+                "evaluation never sees (other seeds or settings)"
+            )
+        if len(self.evaluation.seeds) < 2:
+            raise ValueError("evaluation.seeds: at least 2 (the intervals are over seeds)")
+        return self
+
+    @property
+    def policies(self) -> list[str]:
+        return [self.method, *self.baselines]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One policy at one of its settings; ``params`` are the grid's, merged by the study over
+    the policy's own configured parameters (empty: the default)."""
+
+    policy: str
+    setting: str
+    params: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+    @property
+    def key(self) -> str:
+        return f"{self.policy}@{self.setting}"
+
+
+def candidates(cfg: TuningConfig) -> list[Variant]:
+    """Every policy's settings in the order ties are broken: its default first."""
+    out = []
+    for p in cfg.policies:
+        out.append(Variant(p, "default"))
+        for i, params in enumerate(cfg.grids.get(p, [])):
+            out.append(Variant(p, f"grid{i + 1}", dict(params)))
+    return out
+
+
+C = TypeVar("C", bound=TuningConfig)
+Cell = Callable[[Any, str, int, Sequence[Variant]], dict[str, dict[str, float]]]
+
+
+def load_config(path: str | Path, model: type[C], *, quick: bool) -> C:
+    """Read a tuning config; in quick runs its ``quick:`` mapping replaces fields (``tuning``
+    and ``evaluation`` key by key). Errors name the file and the field."""
+    from skv.experiments.config import ConfigError, _flatten, read_yaml
+
+    data = read_yaml(path, "tuning config")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at top level")
+    over = data.pop("quick", None) or {}
+    if not isinstance(over, dict):
+        raise ConfigError(f"{path}: quick: expected a mapping of overrides")
+    if quick:
+        for k in ("tuning", "evaluation"):
+            if k in over:
+                over[k] = {**(data.get(k) or {}), **over[k]}
+        data = {**data, **over}
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{path}: {_flatten(exc, '')}") from None
+
+
+def run_cells(
+    cfg: TuningConfig,
+    cell: Cell,
+    phase: Literal["tuning", "evaluation"],
+    variants: Sequence[Variant],
+    *,
+    jobs: int | None = None,
+) -> pd.DataFrame:
+    """Every trace of ``phase`` through ``cell`` with ``variants``: one row per (setting, seed,
+    variant) with ``policy``, ``version`` (its setting's name), ``params`` (JSON) and the
+    metrics."""
+    traces = getattr(cfg, phase)
+    tasks = [(cell, cfg, s, seed, tuple(variants)) for s, seed in traces.cells()]
+    done = run_sweep(_task, tasks, jobs=jobs, label=f"{cfg.id} {phase}")
+    rows = []
+    for (_, _, setting, seed, _), result in zip(tasks, done, strict=True):
+        for v in variants:
+            if v.key not in result:
+                raise ValueError(f"{cfg.id}: the cell returned no result for {v.key}")
+            rows.append({"setting": setting, "seed": seed, "policy": v.policy,
+                         "version": v.setting, "params": json.dumps(v.params, sort_keys=True),
+                         **result[v.key]})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def _task(task: tuple[Cell, TuningConfig, str, int, tuple[Variant, ...]]) -> dict:
+    cell, cfg, setting, seed, variants = task
+    return cell(cfg, setting, seed, variants)
+
+
+def _geomean(values: Any) -> float:
+    return float(np.exp(np.mean(np.log(np.asarray(values, float)))))
+
+
+def choose(cfg: TuningConfig, tuning_rows: pd.DataFrame) -> dict[str, Variant]:
+    """policy -> its best setting on the tuning traces: the geometric mean of ``metric`` over
+    them, lowest or highest as ``better`` says; ties keep the earlier (the default first)."""
+    chosen = {}
+    for p in cfg.policies:
+        best, best_score = None, None
+        for v in (c for c in candidates(cfg) if c.policy == p):
+            d = tuning_rows[(tuning_rows["policy"] == p) & (tuning_rows["version"] == v.setting)]
+            if d.empty:
+                raise ValueError(f"{cfg.id}: no tuning run of {v.key}")
+            score = _geomean(d[cfg.metric])
+            if cfg.better == "higher":
+                score = -score
+            if best_score is None or score < best_score:
+                best, best_score = v, score
+        assert best is not None
+        chosen[p] = best
+    return chosen
+
+
+def evaluation_variants(cfg: TuningConfig, chosen: dict[str, Variant]) -> list[Variant]:
+    """Each policy's default, and its tuned setting when tuning chose another."""
+    out = []
+    for p in cfg.policies:
+        out.append(Variant(p, "default"))
+        if chosen[p].setting != "default":
+            out.append(chosen[p])
+    return out
+
+
+def per_seed(cfg: TuningConfig, rows: pd.DataFrame, policy: str, version: str,
+             chosen: dict[str, Variant]) -> np.ndarray:  # fmt: skip
+    """The metric of ``policy`` at ``version`` ("tuned" reads its chosen setting) on the
+    evaluation traces, shaped (settings, seeds)."""
+    name = chosen[policy].setting if version == "tuned" else "default"
+    d = rows[(rows["policy"] == policy) & (rows["version"] == name)]
+    out = np.empty((len(cfg.evaluation.settings), len(cfg.evaluation.seeds)))
+    for i, s in enumerate(cfg.evaluation.settings):
+        for j, seed in enumerate(cfg.evaluation.seeds):
+            v = d[(d["setting"] == s) & (d["seed"] == seed)][cfg.metric]
+            if len(v) != 1:
+                raise ValueError(f"{cfg.id}: {len(v)} evaluation runs of {policy} {version} on "
+                                 f"{s} seed {seed}; expected 1")  # fmt: skip
+            out[i, j] = float(v.iloc[0])
+    return out
+
+
+def ratio(cfg: TuningConfig, base: np.ndarray, method: np.ndarray) -> dict[str, Any]:
+    """Per seed the geometric mean over settings of the method's advantage (> 1: better)."""
+    r = base / method if cfg.better == "lower" else method / base
+    return interval(list(np.exp(np.mean(np.log(r), axis=0))))
+
+
+def claim_values(
+    cfg: TuningConfig, rows: pd.DataFrame, chosen: dict[str, Variant]
+) -> tuple[dict[str, Any], pd.DataFrame]:
+    """What the claims read, and the table: ``<version>_ratio_vs_<baseline>`` (the method's
+    advantage, default against default or tuned against tuned), ``tuned_ratio_vs_best`` (tuned
+    against the tuned baseline with the best evaluation mean, named by ``best_tuned_baseline``),
+    ``tuning_gain_<policy>`` (per seed default / tuned metric for ``lower``, tuned / default for
+    ``higher``: > 1 when tuning helped it on the evaluation traces), ``chosen_<policy>`` (the
+    setting's parameters) and the budget."""
+    values: dict[str, Any] = {"budget": cfg.budget, "tuning_traces": len(cfg.tuning.cells())}
+    m = {v: per_seed(cfg, rows, cfg.method, v, chosen) for v in VERSIONS}
+    table = []
+    for b in cfg.baselines:
+        row: dict[str, Any] = {"baseline": b}
+        for v in VERSIONS:
+            r = ratio(cfg, per_seed(cfg, rows, b, v, chosen), m[v])
+            values[f"{v}_ratio_vs_{b}"] = r
+            row |= {v: r["value"], f"{v}_low": r["ci95"][0], f"{v}_high": r["ci95"][1]}
+        table.append(row)
+    means = {b: _geomean(per_seed(cfg, rows, b, "tuned", chosen)) for b in cfg.baselines}
+    pick = min if cfg.better == "lower" else max
+    best = pick(cfg.baselines, key=lambda b: (means[b], cfg.baselines.index(b)))
+    values["best_tuned_baseline"] = best
+    values["tuned_ratio_vs_best"] = values[f"tuned_ratio_vs_{best}"]
+    for p in cfg.policies:
+        d, t = (per_seed(cfg, rows, p, v, chosen) for v in VERSIONS)
+        values[f"tuning_gain_{p}"] = ratio(cfg, d, t)
+        values[f"chosen_{p}"] = chosen[p].setting + (
+            f" {json.dumps(chosen[p].params, sort_keys=True)}" if chosen[p].params else ""
+        )
+    return values, pd.DataFrame(table)
+
+
+def tuning_figure(cfg: TuningConfig, table: pd.DataFrame, title: str, unit: str) -> Figure:
+    """Per baseline, the method's advantage with both sides at their defaults (grey) and both
+    tuned with the same budget (the method's colour), with 95% intervals over seeds; the dashed
+    line is the paper's headline (against the reference), the thin one parity."""
+    style = Comparison("tuned", bounds={"paper"})
+    x = np.arange(len(table))
+    w = 0.38
+    with paper_style():
+        fig = figure("column", 2.4)
+        ax = fig.subplots()
+        handles, labels = [], []
+        for k, (v, label) in enumerate(
+            (("default", "both at their defaults"),
+             ("tuned", f"both tuned ({cfg.budget} settings each)"))
+        ):  # fmt: skip
+            y = table[v].to_numpy(float)
+            err = np.vstack([y - table[f"{v}_low"], table[f"{v}_high"] - y])
+            bars = ax.bar(x + (k - 0.5) * w, y, w, yerr=err, capsize=1.5, label=label,
+                          error_kw={"linewidth": 0.6}, **style.style(v, kind="bar"))  # fmt: skip
+            handles.append(bars)
+            labels.append(label)
+        ax.axhline(1.0, color="0.5", linewidth=0.6)
+        rule = ax.axhline(cfg.headline, label=f"paper: {cfg.headline:g}x over {cfg.reference}",
+                          **style.style("paper", kind="rule"))  # fmt: skip
+        handles.append(rule)
+        labels.append(rule.get_label())
+        ax.set_xticks(x, [b.replace("_", "\n", 1) for b in table["baseline"]], fontsize=5.5)
+        ax.set_ylabel(f"{cfg.method}'s advantage\n({unit}; > 1: {cfg.method} better)")
+        ax.set_xlabel("baseline")
+        top = max(cfg.headline, float(np.nanmax(table[["default_high", "tuned_high"]].to_numpy())))
+        ax.set_ylim(0, 1.6 * top)  # room for the legend above the bars and the headline
+        style.legend(ax, handles, labels, fontsize=5, loc="upper left")
+        ax.set_title(wrap_title(title, 56), fontsize=6)
+    return fig
+
+
+def fmt_ratio(r: dict[str, Any]) -> str:
+    lo, hi = r["ci95"]
+    return f"{r['value']:.3f} [{lo:.3f}, {hi:.3f}]" if math.isfinite(r["value"]) else "-"

@@ -462,6 +462,7 @@ def test_every_figure_function_is_covered_here():
         "regime_figure",
         "figure_ratios",  # saved through the check in tests/test_repurpose_tiered.py
         "figure_tiers",  # and in tests/test_claude_code_tiered.py
+        "tuning_figure",  # and in tests/test_equal_tuning.py
     }
 
 
@@ -483,6 +484,19 @@ def test_every_run_plot_passes_the_check(docs, tmp_path):
     assert not F.has_learned_weights(no_adaptive)
     (tmp_path / "none").mkdir()
     paths = F.write_plots(no_adaptive, tmp_path / "none")
+    assert all(p.is_file() for p in paths)
+
+
+def test_a_run_with_seven_policies_and_a_long_title_keeps_its_legends_on_the_canvas(tmp_path):
+    # the full run's legal_review_long_context: a 4-column legend under the axes ran 2 px off
+    # the canvas's right edge (the y label shifts the axes, and the legend with them)
+    doc = _doc("legal_review_long_context", "Legal review, long context",
+               ["fifo", "lru", "lfu", "size_lru", "static_semantic", "adaptive_semantic",
+                "belady"])  # fmt: skip
+    for r in doc["aggregate"]:  # the full run's token counts: wider tick labels
+        r["cached_tokens"] = {k: v * 1000 if k != "n" else v
+                              for k, v in r["cached_tokens"].items()}  # fmt: skip
+    paths = F.write_plots(doc, tmp_path)
     assert all(p.is_file() for p in paths)
 
 

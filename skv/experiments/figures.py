@@ -130,15 +130,15 @@ def bar_by_policy(
         plain_ticks(ax.yaxis)
         what = f"{title}: {experiment_title(doc)} ({simulated_note(doc)})"
         ax.set_title(wrap_title(what, max(40, int(fig.get_figwidth() * 13))), fontsize=7)
-        cmp.legend(
-            ax,
-            handles,
-            labels,
-            ncols=min(4, len(pols)),
-            loc="upper center",
-            bbox_to_anchor=(0.5, -0.18),
-            frameon=False,
-        )
+        # the legend sits under the axes, centred on them (not on the canvas: the y label
+        # shifts them right); fewer columns until it fits in 80% of the canvas' width
+        for ncols in range(min(4, len(pols)), 0, -1):
+            leg = cmp.legend(ax, handles, labels, ncols=ncols, loc="upper center",
+                             bbox_to_anchor=(0.5, -0.18), frameon=False)  # fmt: skip
+            width = leg.get_window_extent(fig.canvas.get_renderer()).width
+            if ncols == 1 or width <= 0.8 * fig.bbox.width:
+                break
+            leg.remove()
     return fig
 
 

@@ -8,7 +8,7 @@ fails when a claim's expected value, tolerance or thesis does not hold on the re
 claim re-set by hand without a run, or a rerun whose values moved and were not recorded.
 
 ``python -m skv.artifact.pipeline measured record [BUILD]`` folds what a full run wrote
-(``BUILD/cache/<step>.json``, stamped by the pipeline with its revision and time, and
+(``BUILD/.cache/<step>.json``, stamped by the pipeline with its revision and time, and
 ``BUILD/steps/<step>/claims.json``) into the record. A step run from a tree whose sources of
 results had uncommitted changes (revision ``...+dirty``) is refused: no commit reproduces it.
 Quick-mode claims need no record: CI runs ``--quick`` and checks them every time.
@@ -27,6 +27,8 @@ from skv.artifact.claims import ClaimsFile, Produced, Row
 
 REPO = Path(__file__).resolve().parents[2]
 RECORD = REPO / "experiments" / "measurements.json"
+#: where under BUILD the pipeline stamps the steps it ran (skv.artifact.pipeline.Layout.cache)
+STAMPS = ".cache"
 
 
 def load(path: Path = RECORD) -> dict[str, dict[str, Any]]:
@@ -64,7 +66,7 @@ def record(doc: ClaimsFile, build: Path, record_path: Path = RECORD) -> tuple[li
     ran_in_run = {n for n, s in run.get("steps", {}).items() if s.get("status") == "ran"}
     changed, refused = [], []
     for step, names in sorted(read.items()):
-        stamp = _read_json(build / "cache" / f"{step}.json")
+        stamp = _read_json(build / STAMPS / f"{step}.json")
         wrote = claims_mod.read_raw_values(build / "steps" / step)
         if stamp is None or wrote is None:
             continue
@@ -72,18 +74,26 @@ def record(doc: ClaimsFile, build: Path, record_path: Path = RECORD) -> tuple[li
         if not rev or rev.endswith("+dirty"):
             refused.append(f"{step}: ran from {rev or 'an unknown revision'}; commit, then rerun")
             continue
+        # stamps before the pipeline wrote the mode: the run's record, or the quick layout
+        mode = stamp.get("mode") or (
+            run.get("mode") if step in ran_in_run else ("quick" if build.name == "quick" else None)
+        )
+        if mode != "full":
+            refused.append(f"{step}: not a full run ({mode or 'mode unknown'}); only full runs "
+                           "are recorded")  # fmt: skip
+            continue
         new = {
             "revision": rev,
             "finished": stamp["finished"],
             "values": {k: wrote[k] for k in sorted(names) if k in wrote},
         }
+        old = steps.get(step)
         if step in ran_in_run and run.get("machine"):
             new["machine"] = run["machine"]
-        old = steps.get(step)
-        if old is not None and old.get("finished") == new["finished"]:
+        elif old is not None and old.get("finished") == new["finished"] and "machine" in old:
+            new["machine"] = old["machine"]  # the same run, recorded before
+        if old == new:
             continue
-        if old is not None and "machine" not in new and "machine" in old:
-            new["machine"] = old["machine"]
         steps[step] = new
         changed.append(f"{step}: {rev} at {new['finished']}")
     if changed:

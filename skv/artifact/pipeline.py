@@ -76,6 +76,8 @@ class Step:
     needs_engine: bool = False
     depends: tuple[str, ...] = ()
     params: dict[str, Any] = field(default_factory=dict)
+    #: other config files or folders the step reads (a study's ``base``): part of its cache key
+    inputs: tuple[str, ...] = ()
 
     @property
     def notebook(self) -> str:
@@ -195,6 +197,7 @@ STEPS: dict[str, Step] = {
                 "tables/saecache_regimes.csv",
                 "tables/saecache_regimes.tex",
             ),
+            inputs=("experiments/saecache/grid",),
         ),
         Step(
             "fig_saecache_tuning",
@@ -205,6 +208,7 @@ STEPS: dict[str, Step] = {
                 "tables/saecache_tuning.csv",
                 "tables/saecache_tuning.tex",
             ),
+            inputs=("experiments/saecache/grid",),
         ),
         Step(
             "tab_saecache_grid",
@@ -395,6 +399,7 @@ STEPS: dict[str, Step] = {
                 "tables/cacheroute_regimes.csv",
                 "tables/cacheroute_regimes.tex",
             ),
+            inputs=("experiments/cacheroute/qps_aggregate.yaml",),
         ),
         Step(
             "fig_cacheroute_tuning",
@@ -405,6 +410,7 @@ STEPS: dict[str, Step] = {
                 "tables/cacheroute_tuning.csv",
                 "tables/cacheroute_tuning.tex",
             ),
+            inputs=("experiments/cacheroute/qps_aggregate.yaml",),
         ),
     )
 }
@@ -488,6 +494,8 @@ def step_key(
     h.update(step.name.encode())
     _hash_path(h, root / step.notebook)
     _hash_path(h, root / step.config)
+    for extra in step.inputs:
+        _hash_path(h, root / extra)
     h.update(src.encode())
     h.update(json.dumps(params, sort_keys=True, default=str).encode())
     for k in dep_keys:
@@ -624,6 +632,8 @@ def run_pipeline(
     steps = select(names)
     jobs = max(1, jobs or os.cpu_count() or 1)
     src = source_hash()
+    # the commit the steps run from; a step that ends after the tree moved is "+dirty"
+    revision = timings.revision(root)
     layout.build.mkdir(parents=True, exist_ok=True)
     layout.cache.mkdir(parents=True, exist_ok=True)
     results: dict[str, Result] = {}
@@ -674,8 +684,9 @@ def run_pipeline(
             return Result(step.name, "failed", elapsed, f"outputs missing or empty: {missing}")
         # when, and from which commit: the claims' measurement record reads it
         # (skv.artifact.measurements)
+        rev = revision if timings.revision(root) == revision else f"{revision}+dirty"
         done = {"key": key, "seconds": round(elapsed, 2), "finished": timings.now(),
-                "revision": timings.revision(root)}  # fmt: skip
+                "revision": rev, "mode": "quick" if quick else "full"}  # fmt: skip
         stamp.write_text(json.dumps(done) + "\n")
         return Result(step.name, "ran", elapsed)
 

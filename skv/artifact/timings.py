@@ -95,8 +95,16 @@ def machine() -> dict[str, Any]:
     return {"cores": os.cpu_count(), "memory_gib": mem_gib, "cpu": cpu}
 
 
-#: what a result depends on: a change here that is not committed makes a revision "+dirty"
+#: what a result depends on: a change here that is not committed (an untracked file that git
+#: does not ignore included) makes a revision "+dirty"
 RESULT_SOURCES = ("skv", "experiments", "notebooks", "pyproject.toml", "requirements.lock")
+#: files under RESULT_SOURCES that no result reads: the claims, and the records that
+#: ``timings record`` and ``measured record`` write
+NOT_RESULT_SOURCES = (
+    "experiments/claims.yaml",
+    "experiments/measurements.json",
+    "experiments/timings.json",
+)
 
 
 def revision(root: Path = REPO) -> str | None:
@@ -109,7 +117,9 @@ def revision(root: Path = REPO) -> str | None:
 
     try:
         head = git("rev-parse", "--short=12", "HEAD")
-        dirty = git("status", "--porcelain", "--untracked-files=no", "--", *RESULT_SOURCES)
+        excluded = [f":(exclude){f}" for f in NOT_RESULT_SOURCES]
+        dirty = git("status", "--porcelain", "--untracked-files=normal", "--", *RESULT_SOURCES,
+                    *excluded)  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         return None
     return head + ("+dirty" if dirty else "")

@@ -26,7 +26,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -42,12 +42,26 @@ MAX_BUDGET = 8
 VERSIONS = ("default", "tuned")
 
 
+def _unique(values: Sequence[Any], what: str) -> None:
+    seen = set()
+    for v in values:
+        if v in seen:
+            raise ValueError(f"{what}: {v!r} is given twice")
+        seen.add(v)
+
+
 class Traces(BaseModel):
     """Which traces a phase runs: every study setting (its name) at every seed."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     settings: list[str] = Field(min_length=1, max_length=32)
     seeds: list[int] = Field(min_length=1, max_length=10)
+
+    @model_validator(mode="after")
+    def _distinct(self) -> Traces:
+        _unique(self.settings, "settings")
+        _unique(self.seeds, "seeds")
+        return self
 
     def cells(self) -> list[tuple[str, int]]:
         return [(s, seed) for s in self.settings for seed in self.seeds]
@@ -68,32 +82,57 @@ class TuningConfig(BaseModel):
     better: Literal["lower", "higher"]
     #: the paper's headline ratio, method over ``reference``
     headline: float = Field(gt=0, allow_inf_nan=False)
-    budget: int = Field(ge=1, le=MAX_BUDGET)
+    budget: int = Field(ge=2, le=MAX_BUDGET)
     #: policy -> the settings it tries besides its default (parameters merged over the
-    #: default's); a policy not named has nothing to tune
+    #: default's): exactly ``budget - 1`` distinct ones, so every tuned policy tries as many
     grids: dict[str, list[dict[str, Any]]] = Field(default_factory=dict)
+    #: policy -> why it is not tuned (it has no parameters); every policy is in ``grids`` or here
+    untuned: dict[str, str] = Field(default_factory=dict)
     tuning: Traces
     evaluation: Traces
+
+    #: metric -> the direction that is better (a study's subclass fills it; checked against
+    #: ``better``)
+    DIRECTIONS: ClassVar[dict[str, str]] = {}
 
     @model_validator(mode="after")
     def _check(self) -> TuningConfig:
         if self.method in self.baselines:
             raise ValueError(f"baselines: {self.method!r} is the method")
+        _unique(self.baselines, "baselines")
         if self.reference not in self.baselines:
             raise ValueError(f"reference: {self.reference!r} is not one of the baselines")
+        if self.DIRECTIONS and self.DIRECTIONS.get(self.metric, self.better) != self.better:
+            raise ValueError(
+                f"better: {self.metric} is better {self.DIRECTIONS[self.metric]}, not {self.better}"
+            )
         for policy, settings in self.grids.items():
             if policy not in self.policies:
                 raise ValueError(f"grids.{policy}: not the method or a baseline")
-            if len(settings) + 1 > self.budget:
+            if len(settings) != self.budget - 1:
                 raise ValueError(
-                    f"grids.{policy}: {len(settings)} settings + the default exceed the budget "
-                    f"of {self.budget}"
+                    f"grids.{policy}: {len(settings)} settings; the budget of {self.budget} "
+                    f"gives every tuned policy its default and {self.budget - 1} more"
                 )
-        shared = set(self.tuning.cells()) & set(self.evaluation.cells())
+            keys = [json.dumps(p, sort_keys=True) for p in settings]
+            for i, k in enumerate(keys):
+                if k == "{}" or k in keys[:i]:
+                    raise ValueError(f"grids.{policy}[{i}]: repeats the default or a setting")
+        for policy in self.policies:
+            if policy in self.grids and policy in self.untuned:
+                raise ValueError(f"untuned.{policy}: it has a grid")
+            if policy not in self.grids and not self.untuned.get(policy, "").strip():
+                raise ValueError(
+                    f"grids: {policy!r} has no grid; tune it or say why not in untuned.{policy}"
+                )
+        for policy in self.untuned:
+            if policy not in self.policies:
+                raise ValueError(f"untuned.{policy}: not the method or a baseline")
+        shared = set(self.tuning.seeds) & set(self.evaluation.seeds)
         if shared:
             raise ValueError(
-                f"tuning: {sorted(shared)[0]} is also an evaluation trace; tune on traces the "
-                "evaluation never sees (other seeds or settings)"
+                f"tuning.seeds: {sorted(shared)[0]} is also an evaluation seed; tune on traces "
+                "the evaluation never sees (settings of one seed share their draws)"
             )
         if len(self.evaluation.seeds) < 2:
             raise ValueError("evaluation.seeds: at least 2 (the intervals are over seeds)")
@@ -146,7 +185,10 @@ def load_config(path: str | Path, model: type[C], *, quick: bool) -> C:
     if quick:
         for k in ("tuning", "evaluation"):
             if k in over:
-                over[k] = {**(data.get(k) or {}), **over[k]}
+                base, part = data.get(k) or {}, over[k]
+                if not isinstance(base, dict) or not isinstance(part, dict):
+                    raise ConfigError(f"{path}: {k} and quick.{k}: expected mappings")
+                over[k] = {**base, **part}
         data = {**data, **over}
     try:
         return model.model_validate(data)
@@ -173,6 +215,12 @@ def run_cells(
         for v in variants:
             if v.key not in result:
                 raise ValueError(f"{cfg.id}: the cell returned no result for {v.key}")
+            got = result[v.key].get(cfg.metric)
+            if got is None or not math.isfinite(got) or got <= 0:
+                raise ValueError(
+                    f"{cfg.id}: {v.key} on {setting} seed {seed} gave {cfg.metric} {got!r}; "
+                    "expected a positive number"
+                )
             rows.append({"setting": setting, "seed": seed, "policy": v.policy,
                          "version": v.setting, "params": json.dumps(v.params, sort_keys=True),
                          **result[v.key]})  # fmt: skip
@@ -188,23 +236,33 @@ def _geomean(values: Any) -> float:
     return float(np.exp(np.mean(np.log(np.asarray(values, float)))))
 
 
+def tuning_score(cfg: TuningConfig, tuning_rows: pd.DataFrame, v: Variant) -> float:
+    """The geometric mean of ``metric`` of variant ``v`` over the tuning traces, signed so that
+    lower is better whichever way ``better`` points."""
+    d = tuning_rows[(tuning_rows["policy"] == v.policy) & (tuning_rows["version"] == v.setting)]
+    if d.empty:
+        raise ValueError(f"{cfg.id}: no tuning run of {v.key}")
+    score = _geomean(d[cfg.metric])
+    return -score if cfg.better == "higher" else score
+
+
+def _best(items: Sequence[Any], score: Callable[[Any], float]) -> Any:
+    """The item with the lowest score; ties keep the earlier."""
+    best, best_score = None, None
+    for item in items:
+        s = score(item)
+        if best_score is None or s < best_score:
+            best, best_score = item, s
+    return best
+
+
 def choose(cfg: TuningConfig, tuning_rows: pd.DataFrame) -> dict[str, Variant]:
     """policy -> its best setting on the tuning traces: the geometric mean of ``metric`` over
     them, lowest or highest as ``better`` says; ties keep the earlier (the default first)."""
     chosen = {}
     for p in cfg.policies:
-        best, best_score = None, None
-        for v in (c for c in candidates(cfg) if c.policy == p):
-            d = tuning_rows[(tuning_rows["policy"] == p) & (tuning_rows["version"] == v.setting)]
-            if d.empty:
-                raise ValueError(f"{cfg.id}: no tuning run of {v.key}")
-            score = _geomean(d[cfg.metric])
-            if cfg.better == "higher":
-                score = -score
-            if best_score is None or score < best_score:
-                best, best_score = v, score
-        assert best is not None
-        chosen[p] = best
+        mine = [c for c in candidates(cfg) if c.policy == p]
+        chosen[p] = _best(mine, lambda v: tuning_score(cfg, tuning_rows, v))
     return chosen
 
 
@@ -242,15 +300,18 @@ def ratio(cfg: TuningConfig, base: np.ndarray, method: np.ndarray) -> dict[str, 
 
 
 def claim_values(
-    cfg: TuningConfig, rows: pd.DataFrame, chosen: dict[str, Variant]
+    cfg: TuningConfig, rows: pd.DataFrame, chosen: dict[str, Variant], tuning_rows: pd.DataFrame
 ) -> tuple[dict[str, Any], pd.DataFrame]:
     """What the claims read, and the table: ``<version>_ratio_vs_<baseline>`` (the method's
     advantage, default against default or tuned against tuned), ``tuned_ratio_vs_best`` (tuned
-    against the tuned baseline with the best evaluation mean, named by ``best_tuned_baseline``),
-    ``tuning_gain_<policy>`` (per seed default / tuned metric for ``lower``, tuned / default for
-    ``higher``: > 1 when tuning helped it on the evaluation traces), ``chosen_<policy>`` (the
-    setting's parameters) and the budget."""
+    against ``best_tuned_baseline``, the tuned baseline with the best score on the *tuning*
+    traces, so the pick is not made on the data it is judged on), ``tuning_gain_<policy>`` (per
+    seed default / tuned metric for ``lower``, tuned / default for ``higher``: > 1 when tuning
+    helped it on the evaluation traces), ``chosen_<policy>`` (the setting's parameters), the
+    budget, and ``censored_runs`` (evaluation runs whose metric is a bound, not a value: a
+    study's cell marks them in a ``censored`` column)."""
     values: dict[str, Any] = {"budget": cfg.budget, "tuning_traces": len(cfg.tuning.cells())}
+    values["censored_runs"] = int(rows["censored"].sum()) if "censored" in rows else 0
     m = {v: per_seed(cfg, rows, cfg.method, v, chosen) for v in VERSIONS}
     table = []
     for b in cfg.baselines:
@@ -260,9 +321,7 @@ def claim_values(
             values[f"{v}_ratio_vs_{b}"] = r
             row |= {v: r["value"], f"{v}_low": r["ci95"][0], f"{v}_high": r["ci95"][1]}
         table.append(row)
-    means = {b: _geomean(per_seed(cfg, rows, b, "tuned", chosen)) for b in cfg.baselines}
-    pick = min if cfg.better == "lower" else max
-    best = pick(cfg.baselines, key=lambda b: (means[b], cfg.baselines.index(b)))
+    best = _best(cfg.baselines, lambda b: tuning_score(cfg, tuning_rows, chosen[b]))
     values["best_tuned_baseline"] = best
     values["tuned_ratio_vs_best"] = values[f"tuned_ratio_vs_{best}"]
     for p in cfg.policies:
@@ -308,8 +367,3 @@ def tuning_figure(cfg: TuningConfig, table: pd.DataFrame, title: str, unit: str)
         style.legend(ax, handles, labels, fontsize=5, loc="upper left")
         ax.set_title(wrap_title(title, 56), fontsize=6)
     return fig
-
-
-def fmt_ratio(r: dict[str, Any]) -> str:
-    lo, hi = r["ci95"]
-    return f"{r['value']:.3f} [{lo:.3f}, {hi:.3f}]" if math.isfinite(r["value"]) else "-"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import ClassVar
 
 from pydantic import Field, model_validator
 
@@ -33,25 +34,42 @@ class RouteTuningConfig(ET.TuningConfig):
     #: replicas (None: ``base``'s); the search bracket scales with replicas / base's replicas
     replicas: int | None = Field(default=None, ge=1, le=64)
 
+    DIRECTIONS: ClassVar[dict[str, str]] = {
+        "qps": "higher", "hit_rate": "higher", "ttft_ms_slo": "lower"
+    }  # fmt: skip
+
     @model_validator(mode="after")
     def _check_base(self) -> RouteTuningConfig:
+        from skv.routing.registry import make_router
+
         if self.metric not in METRICS:
             raise ValueError(f"metric {self.metric!r}: a cell records {', '.join(METRICS)}")
-        base = S.load_config(self.base, quick=False)
+        try:
+            base = S.load_config(self.base, quick=False)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"base: {exc}") from None
         workloads = [w.key for w in base.workloads]
         for s in {*self.tuning.settings, *self.evaluation.settings}:
             if s not in workloads:
                 raise ValueError(f"setting {s!r} is not a workload of {self.base} ({workloads})")
         routers = {r.key: r for r in base.routers}
+        where = {self.method: "method", **{b: f"baselines[{i}]" for i, b in
+                                           enumerate(self.baselines)}}  # fmt: skip
         for p in self.policies:
             if p not in routers:
-                raise ValueError(f"router {p!r} is not in {self.base} ({', '.join(routers)})")
-        from skv.routing.registry import make_router
-
-        for p, settings in self.grids.items():  # a bad parameter fails here, not mid-sweep
-            for params in settings:
-                make_router(routers[p].name, **{**routers[p].params, **params})
+                raise ValueError(f"{where[p]}: router {p!r} is not in {self.base} "
+                                 f"({', '.join(routers)})")  # fmt: skip
+            for i, params in enumerate(self.grids.get(p, [])):  # fails here, not mid-sweep
+                try:
+                    make_router(routers[p].name, **{**routers[p].params, **params})
+                except ValueError as exc:
+                    raise ValueError(f"grids.{p}[{i}]: {exc}") from None
         return self
+
+    @property
+    def replica_count(self) -> int:
+        """The cluster's replicas in this run (``replicas``, else ``base``'s)."""
+        return self.replicas or S.load_config(self.base, quick=False).cluster.replicas
 
 
 def run_config(cfg: RouteTuningConfig, variants: Sequence[ET.Variant]) -> S.CacheRouteConfig:
@@ -84,6 +102,8 @@ def cell(
     for ri, v in enumerate(variants):
         res = S.search(run, wi, ri, seed)
         out[v.key] = {m: float(res["qps"] if m == "qps" else res["at"][m]) for m in METRICS}
+        # the search's answer is a bound when even its low end missed or its top still met
+        out[v.key]["censored"] = float(res["below_lo"] or res["above_hi"])
     return out
 
 

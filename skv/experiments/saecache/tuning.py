@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, ClassVar
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from skv.experiments import equal_tuning as ET
 from skv.experiments.config import ExperimentConfig, PolicySpec, load_config
@@ -29,6 +30,10 @@ class SaeTuningConfig(ET.TuningConfig):
     #: requests per trace (None: the grid config's own)
     num_requests: int | None = Field(default=None, ge=100, le=100_000)
 
+    DIRECTIONS: ClassVar[dict[str, str]] = {
+        "ttft_ms_mean": "lower", "ttft_ms_p99": "lower", "token_hit_rate": "higher"
+    }  # fmt: skip
+
     @model_validator(mode="after")
     def _check_settings(self) -> SaeTuningConfig:
         if self.metric not in METRICS:
@@ -36,12 +41,20 @@ class SaeTuningConfig(ET.TuningConfig):
         for s in {*self.tuning.settings, *self.evaluation.settings}:
             if not (Path(self.grid_dir) / f"{s}.yaml").is_file():
                 raise ValueError(f"setting {s!r}: no {self.grid_dir}/{s}.yaml")
-        for policy in self.policies:
-            PolicySpec(name=policy)  # an unknown name fails here
-        for policy, settings in self.grids.items():
-            for params in settings:  # a bad parameter fails here, not mid-sweep
-                PolicySpec(name=policy, params=params)
+        where = {self.method: "method", **{b: f"baselines[{i}]" for i, b in
+                                           enumerate(self.baselines)}}  # fmt: skip
+        for policy in self.policies:  # an unknown name or a bad parameter fails here
+            _spec(policy, {}, where[policy])
+            for i, params in enumerate(self.grids.get(policy, [])):
+                _spec(policy, params, f"grids.{policy}[{i}]")
         return self
+
+
+def _spec(policy: str, params: dict[str, Any], where: str) -> PolicySpec:
+    try:
+        return PolicySpec(name=policy, params=params)
+    except ValidationError as exc:
+        raise ValueError(f"{where}: {exc.errors()[0]['msg']}") from None
 
 
 def setting_config(cfg: SaeTuningConfig, setting: str) -> ExperimentConfig:
@@ -57,11 +70,12 @@ def cell(
 ) -> dict[str, dict[str, float]]:
     """Every variant on the setting's trace at ``seed`` (one trace, so paired)."""
     base = setting_config(cfg, setting)
-    own = {p.name: dict(p.params) for p in base.policies}
-    policies = [
-        {"name": v.policy, "params": {**own.get(v.policy, {}), **v.params}, "label": v.key}
-        for v in variants
-    ]
+    own = {p.key: p for p in base.policies}  # the grid config's entry of each policy
+    policies = []
+    for v in variants:
+        spec = own.get(v.policy)
+        name, params = (spec.name, dict(spec.params)) if spec else (v.policy, {})
+        policies.append({"name": name, "params": {**params, **v.params}, "label": v.key})
     return simulate_policies(replace_fields(base, policies=policies), seed)
 
 

@@ -294,3 +294,17 @@ def test_a_censored_search_is_marked_and_counted(monkeypatch):
                                       ET.Variant("least_loaded", "default")])  # fmt: skip
     assert out["cacheroute@default"]["censored"] == 1.0
     assert out["least_loaded@default"]["censored"] == 0.0
+
+
+def test_each_study_names_the_direction_of_every_metric_its_cell_records():
+    from skv.experiments.cacheroute import tuning as CT
+    from skv.experiments.saecache import regimes as SR
+    from skv.experiments.saecache import tuning as ST
+
+    assert set(ST.SaeTuningConfig.DIRECTIONS) == set(SR.METRICS)
+    assert set(CT.RouteTuningConfig.DIRECTIONS) == set(CT.METRICS)
+    with pytest.raises(ValueError, match="a cell records qps, hit_rate, ttft_ms_slo"):
+        CT.RouteTuningConfig.model_validate(
+            {**CT.load(ROOT / "experiments/cacheroute/cacheroute_tuning.yaml", quick=True)
+             .model_dump(), "metric": "nope"}
+        )  # fmt: skip

@@ -91,9 +91,13 @@ class TuningConfig(BaseModel):
     tuning: Traces
     evaluation: Traces
 
-    #: metric -> the direction that is better (a study's subclass fills it; checked against
-    #: ``better``)
+    #: metric -> the direction that is better: the metrics a study's cell records (its
+    #: subclass fills it; ``metric`` must be one, ``better`` its direction)
     DIRECTIONS: ClassVar[dict[str, str]] = {}
+
+    def field_of(self, policy: str) -> str:
+        """Where ``policy`` is named in the config, for error messages."""
+        return "method" if policy == self.method else f"baselines[{self.baselines.index(policy)}]"
 
     @model_validator(mode="after")
     def _check(self) -> TuningConfig:
@@ -102,7 +106,9 @@ class TuningConfig(BaseModel):
         _unique(self.baselines, "baselines")
         if self.reference not in self.baselines:
             raise ValueError(f"reference: {self.reference!r} is not one of the baselines")
-        if self.DIRECTIONS and self.DIRECTIONS.get(self.metric, self.better) != self.better:
+        if self.DIRECTIONS and self.metric not in self.DIRECTIONS:
+            raise ValueError(f"metric {self.metric!r}: a cell records {', '.join(self.DIRECTIONS)}")
+        if self.DIRECTIONS and self.DIRECTIONS[self.metric] != self.better:
             raise ValueError(
                 f"better: {self.metric} is better {self.DIRECTIONS[self.metric]}, not {self.better}"
             )

@@ -34,6 +34,7 @@ class RouteTuningConfig(ET.TuningConfig):
     #: replicas (None: ``base``'s); the search bracket scales with replicas / base's replicas
     replicas: int | None = Field(default=None, ge=1, le=64)
 
+    #: the cell's metrics (:data:`METRICS`) and their directions
     DIRECTIONS: ClassVar[dict[str, str]] = {
         "qps": "higher", "hit_rate": "higher", "ttft_ms_slo": "lower"
     }  # fmt: skip
@@ -42,8 +43,6 @@ class RouteTuningConfig(ET.TuningConfig):
     def _check_base(self) -> RouteTuningConfig:
         from skv.routing.registry import make_router
 
-        if self.metric not in METRICS:
-            raise ValueError(f"metric {self.metric!r}: a cell records {', '.join(METRICS)}")
         try:
             base = S.load_config(self.base, quick=False)
         except (OSError, ValueError) as exc:
@@ -53,11 +52,9 @@ class RouteTuningConfig(ET.TuningConfig):
             if s not in workloads:
                 raise ValueError(f"setting {s!r} is not a workload of {self.base} ({workloads})")
         routers = {r.key: r for r in base.routers}
-        where = {self.method: "method", **{b: f"baselines[{i}]" for i, b in
-                                           enumerate(self.baselines)}}  # fmt: skip
         for p in self.policies:
             if p not in routers:
-                raise ValueError(f"{where[p]}: router {p!r} is not in {self.base} "
+                raise ValueError(f"{self.field_of(p)}: router {p!r} is not in {self.base} "
                                  f"({', '.join(routers)})")  # fmt: skip
             for i, params in enumerate(self.grids.get(p, [])):  # fails here, not mid-sweep
                 try:

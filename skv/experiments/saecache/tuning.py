@@ -19,7 +19,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from skv.experiments import equal_tuning as ET
 from skv.experiments.config import ExperimentConfig, PolicySpec, load_config
-from skv.experiments.saecache.regimes import METRICS, simulate_policies
+from skv.experiments.saecache.regimes import simulate_policies
 from skv.experiments.saecache.study import GRID_DIR, replace_fields
 
 
@@ -30,21 +30,18 @@ class SaeTuningConfig(ET.TuningConfig):
     #: requests per trace (None: the grid config's own)
     num_requests: int | None = Field(default=None, ge=100, le=100_000)
 
+    #: the cell's metrics (skv.experiments.saecache.regimes.METRICS) and their directions
     DIRECTIONS: ClassVar[dict[str, str]] = {
         "ttft_ms_mean": "lower", "ttft_ms_p99": "lower", "token_hit_rate": "higher"
     }  # fmt: skip
 
     @model_validator(mode="after")
     def _check_settings(self) -> SaeTuningConfig:
-        if self.metric not in METRICS:
-            raise ValueError(f"metric {self.metric!r}: a cell records {', '.join(METRICS)}")
         for s in {*self.tuning.settings, *self.evaluation.settings}:
             if not (Path(self.grid_dir) / f"{s}.yaml").is_file():
                 raise ValueError(f"setting {s!r}: no {self.grid_dir}/{s}.yaml")
-        where = {self.method: "method", **{b: f"baselines[{i}]" for i, b in
-                                           enumerate(self.baselines)}}  # fmt: skip
         for policy in self.policies:  # an unknown name or a bad parameter fails here
-            _spec(policy, {}, where[policy])
+            _spec(policy, {}, self.field_of(policy))
             for i, params in enumerate(self.grids.get(policy, [])):
                 _spec(policy, params, f"grids.{policy}[{i}]")
         return self

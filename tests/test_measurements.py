@@ -71,26 +71,10 @@ def test_check_fails_a_claim_its_recorded_run_does_not_support_and_names_a_missi
     assert row.status == "missing" and "measured record" in row.why
 
 
-#: claims that did not hold on the full run of 2026-12-05 (cb5ccf0): values moved by the
-#: simulator fixes of 2026-12-01 (66b128f) or engine runs outside their recorded spread; each
-#: must be re-set with why it moved, or its thesis revised, by the next session (issue 30)
-NOT_YET_RESET = {
-    "rag_adaptive_vs_lfu_ttft", "tool_adaptive_vs_lru_ttft", "fidelity_load_ttft_p99_excess",
-    "fidelity_load_qps_at_slo_error", "eviction_verdict_ttft_lower", "sae_hit_vs_lru",
-    "sae_ablation_type_weights", "sae_ablation_timing", "sae_ablation_position_decay",
-    "sae_gap_fit_mu_chat",
-}  # fmt: skip
-
-
-def test_the_claims_not_yet_reset_are_exactly_those_that_fail_on_the_record():
-    rows = M.check(load_claims(), M.load())
-    assert {r.claim.id for r in C.failing(rows)} == NOT_YET_RESET
-
-
 def test_every_full_run_claim_holds_on_its_recorded_measurement():
     steps = M.load()
     rows = M.check(load_claims(), steps)
-    bad = [r for r in C.failing(rows) if r.claim.id not in NOT_YET_RESET]
+    bad = C.failing(rows)
     assert not bad, C.format_rows(bad)
     for name, m in steps.items():
         assert len(m["revision"]) >= 7 and not m["revision"].endswith("+dirty"), name

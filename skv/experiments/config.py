@@ -603,6 +603,37 @@ def config_from_dict(data: Any, *, source: str | Path = "<config>") -> Experimen
         raise ConfigError(f"{source}: {exc}") from None
 
 
+def read_with_quick(
+    path: str | Path, what: str, *, quick: bool, merged: Iterable[str] | None = None
+) -> dict[str, Any]:
+    """A study config's data with its ``quick:`` overrides applied when ``quick`` (the mapping is
+    dropped either way). An override replaces the full run's value, except for the keys in
+    ``merged`` (every key whose two values are mappings when ``merged`` is None), whose
+    mappings merge key by key, so quick can shrink a part and keep the rest. A merged key that is
+    not a mapping on either side is refused by name; so is a top level or ``quick`` that is not
+    a mapping."""
+    data = read_yaml(path, what)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at top level, got {type(data).__name__}")
+    over = data.pop("quick", None) or {}
+    if not isinstance(over, dict):
+        raise ConfigError(f"{path}: quick: expected a mapping of overrides")
+    names = None if merged is None else tuple(merged)
+    for k in names or ():
+        if not isinstance(over.get(k, {}), dict) or not isinstance(data.get(k) or {}, dict):
+            raise ConfigError(f"{path}: {k} and quick.{k}: expected mappings")
+    if not quick:
+        return data
+    out = dict(data)
+    for k, v in over.items():
+        both = isinstance(v, dict) and isinstance(data.get(k), dict)
+        if (k in names) if names is not None else both:
+            out[k] = {**(data.get(k) or {}), **v}
+        else:
+            out[k] = v
+    return out
+
+
 def _flatten(exc: ValidationError, prefix: str = "") -> str:
     """One line per error: ``field.path: message`` (pydantic's 'Value error, ' prefix cut)."""
     lines = []

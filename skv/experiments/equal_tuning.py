@@ -180,22 +180,9 @@ Cell = Callable[[Any, str, int, Sequence[Variant]], dict[str, dict[str, float]]]
 def load_config(path: str | Path, model: type[C], *, quick: bool) -> C:
     """Read a tuning config; in quick runs its ``quick:`` mapping replaces fields (``tuning``
     and ``evaluation`` key by key). Errors name the file and the field."""
-    from skv.experiments.config import ConfigError, _flatten, read_yaml
+    from skv.experiments.config import ConfigError, _flatten, read_with_quick
 
-    data = read_yaml(path, "tuning config")
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping at top level")
-    over = data.pop("quick", None) or {}
-    if not isinstance(over, dict):
-        raise ConfigError(f"{path}: quick: expected a mapping of overrides")
-    if quick:
-        for k in ("tuning", "evaluation"):
-            if k in over:
-                base, part = data.get(k) or {}, over[k]
-                if not isinstance(base, dict) or not isinstance(part, dict):
-                    raise ConfigError(f"{path}: {k} and quick.{k}: expected mappings")
-                over[k] = {**base, **part}
-        data = {**data, **over}
+    data = read_with_quick(path, "tuning config", quick=quick, merged=("tuning", "evaluation"))
     try:
         return model.model_validate(data)
     except ValidationError as exc:

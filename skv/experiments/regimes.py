@@ -146,17 +146,9 @@ def load_config(path: str | Path, model: type[C], *, quick: bool) -> C:
     """Read a regime config; in quick runs its ``quick:`` mapping overrides fields (``axes``
     merged axis by axis, so quick can coarsen some axes and keep the others). Errors are
     ``ConfigError`` naming the file and the field."""
-    from skv.experiments.config import ConfigError, _flatten, read_yaml
+    from skv.experiments.config import ConfigError, _flatten, read_with_quick
 
-    data = read_yaml(path, "regime config")
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping at top level")
-    over = data.pop("quick", None) or {}
-    if not isinstance(over, dict) or not isinstance(over.get("axes", {}), dict):
-        raise ConfigError(f"{path}: quick: expected a mapping of overrides (axes: a mapping)")
-    if quick:
-        axes = {**(data.get("axes") or {}), **over.pop("axes", {})}
-        data = {**data, **over, "axes": axes}
+    data = read_with_quick(path, "regime config", quick=quick, merged=("axes",))
     try:
         return model.model_validate(data)
     except ValidationError as exc:

@@ -21,7 +21,7 @@ from skv.experiments.config import (
     PolicySpec,
     WorkloadSpec,
     _flatten,
-    read_yaml,
+    read_with_quick,
 )
 
 #: bounds that keep one config from asking for days of replay
@@ -159,20 +159,7 @@ def load_config(path: str | Path, *, quick: bool = False) -> LeaderboardConfig:
     """The config at ``path`` with its ``quick:`` overrides applied when ``quick``: a key replaces
     the full run's value, except a mapping over a mapping (``tuning``, ``ttft``), whose keys
     replace the full run's one by one (so quick tuning can shrink the traces, keep the grids)."""
-    data = read_yaml(path, "leaderboard config") or {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping at top level, got {type(data).__name__}")
-    over = data.pop("quick", None) or {}
-    if not isinstance(over, dict):
-        raise ConfigError(f"{path}: quick: expected a mapping of overrides")
-    if quick:
-        data = {
-            **data,
-            **{
-                k: {**data[k], **v} if isinstance(v, dict) and isinstance(data.get(k), dict) else v
-                for k, v in over.items()
-            },
-        }
+    data = read_with_quick(path, "leaderboard config", quick=quick)
     try:
         return LeaderboardConfig.model_validate(data)
     except ValidationError as exc:

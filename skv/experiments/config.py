@@ -626,11 +626,11 @@ def read_with_quick(
         return data
     out = dict(data)
     for k, v in over.items():
-        both = isinstance(v, dict) and isinstance(data.get(k), dict)
-        if (k in names) if names is not None else both:
-            out[k] = {**(data.get(k) or {}), **v}
+        if names is None:
+            merge = isinstance(v, dict) and isinstance(data.get(k), dict)
         else:
-            out[k] = v
+            merge = k in names
+        out[k] = {**(data.get(k) or {}), **v} if merge else v
     return out
 
 

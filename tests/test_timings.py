@@ -21,7 +21,7 @@ MACHINE = {"cores": 2, "memory_gib": 7.7, "cpu": "Test CPU"}
 
 
 def test_the_docs_state_no_time_by_hand_and_their_blocks_match_the_record():
-    engine = {n for n, s in STEPS.items() if s.needs_engine}
+    engine = {n for n, s in STEPS.items() if s.measures_time}
     assert T.check(list(STEPS), ROOT, engine=engine) == []
     # and the front doors have the blocks at all
     assert "<!-- skv:timings summary -->" in (ROOT / "README.md").read_text()
@@ -116,8 +116,8 @@ def test_render_states_each_time_with_its_date_and_machine_and_a_stale_block_is_
     assert "| 10.0 min | 10.0 min: within |" in T.render_summary(record, ["a", "b"])
     steps = T.render_steps(record, ["a", "b"], engine={"a"})
     assert "| `a` | - | 90 s | 2026-12-02, 2 cores" in steps and "| `b` | - | - |" in steps
-    # the engine steps' sum (they run alone) and the others', with how many were timed
-    assert "| sum of the 1 engine steps, run alone | - | 90 s | |" in steps
+    # the timed engine steps' sum (they run alone) and the others', with how many were timed
+    assert "| sum of the 1 steps timing an engine, run alone | - | 90 s | |" in steps
     assert "| sum of the 1 other steps, two at a time | - | - | |" in steps
     record["steps"]["full"]["b"] = {"seconds": 30.0, "finished": "x", "machine": MACHINE}
     record["steps"]["full"]["c"] = {"seconds": 5.0, "finished": "x", "machine": MACHINE}

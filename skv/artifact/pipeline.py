@@ -13,13 +13,15 @@ A step is skipped as *cached* when its key (a hash of its notebook, its config, 
 and source, its parameters and the keys of the steps it depends on) matches the last successful
 run and its outputs exist; ``--force`` runs it anyway. A step whose real trace is missing is
 *skipped* with the reason, never run into an empty figure. Independent steps run in parallel,
-except steps that measure a real engine (``needs_engine``): they run alone, so no other step
-shares the CPU with their timings.
+except steps whose numbers include a real engine's time (``measures_time``): they run alone, so
+no other step shares the CPU with their timings. The other engine steps (cache hits replayed
+one request at a time, a model's answers) give the same numbers on a busy CPU: they share it
+with non-engine steps, but never with a second engine.
 
 Steps and the sweep executor (:mod:`skv.experiments.sweep`): the steps themselves stay here,
 papermill subprocesses on a thread pool, and never go to a Dask cluster: they read and write
 this checkout (figures, tables, ``build/``), depend on each other's output directories, are
-cached by key on this machine, and the engine steps need the machine to themselves. What is
+cached by key on this machine, and the timed engine steps need the machine to themselves. What is
 heavy inside a step is its sweeps (capacities x policies x seeds x rates), and those go
 through the executor in the notebook's process, which inherits this environment: so
 ``SKV_DASK`` (or ``run --dask ADDR|local``, which sets it for the notebooks after checking
@@ -72,8 +74,11 @@ class Step:
     #: their presence is part of the step's cache key, so adding one reruns the step
     optional_traces: tuple[str, ...] = ()
     #: runs a real vLLM engine (skv.vllm): skipped, with the reason, when its venv is absent;
-    #: runs alone (it measures time)
+    #: never beside another engine step
     needs_engine: bool = False
+    #: its figure or claims include measured engine time (TTFT, throughput, an SLO): it runs
+    #: alone, nothing else shares the CPU with it
+    measures_time: bool = False
     depends: tuple[str, ...] = ()
     params: dict[str, Any] = field(default_factory=dict)
     #: other config files or folders the step reads (a study's ``base``): part of its cache key
@@ -255,6 +260,7 @@ STEPS: dict[str, Step] = {
             "experiments/fidelity/fidelity_vllm.yaml",
             _fig("fig_fidelity_vllm"),
             needs_engine=True,
+            measures_time=True,
         ),
         Step(
             "fig_fidelity_load",
@@ -266,6 +272,7 @@ STEPS: dict[str, Step] = {
                 "tables/fidelity_load_errors.tex",
             ),
             needs_engine=True,
+            measures_time=True,
         ),
         Step(
             "fig_fidelity_eviction",
@@ -277,6 +284,7 @@ STEPS: dict[str, Step] = {
                 "tables/fidelity_eviction.tex",
             ),
             needs_engine=True,
+            measures_time=True,
         ),
         Step(
             "fig_routing_vllm",
@@ -284,6 +292,7 @@ STEPS: dict[str, Step] = {
             "experiments/routing/routing_vllm.yaml",
             (*_fig("fig_routing_vllm"), "tables/routing_vllm.csv", "tables/routing_vllm.tex"),
             needs_engine=True,
+            measures_time=True,
         ),
         Step(
             "fig_vllm_eviction",
@@ -291,6 +300,7 @@ STEPS: dict[str, Step] = {
             "experiments/vllm_eviction/vllm_eviction.yaml",
             (*_fig("fig_vllm_eviction"), "tables/vllm_eviction.csv", "tables/vllm_eviction.tex"),
             needs_engine=True,
+            measures_time=True,  # its right panel: TTFT per variant
         ),
         Step(
             "fig_repurpose_hit_rate",
@@ -695,10 +705,12 @@ def run_pipeline(
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         while pending or running:
             for step in list(pending):
-                if len(running) >= jobs or any(r.needs_engine for r in running.values()):
+                if len(running) >= jobs or any(r.measures_time for r in running.values()):
                     break
-                if step.needs_engine and running:
-                    continue  # engine steps measure time: they start only when nothing else runs
+                if step.measures_time and running:
+                    continue  # it measures time: it starts only when nothing else runs
+                if step.needs_engine and any(r.needs_engine for r in running.values()):
+                    continue  # one engine at a time: two would stall each other's requests
                 if all(d in results for d in step.depends if d in {s.name for s in steps}):
                     pending.remove(step)
                     running[pool.submit(run_one, step)] = step
@@ -970,7 +982,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return measured_main(args.action, args.build)
     if args.cmd == "timings":
         steps = list(STEPS)
-        engine = {s.name for s in STEPS.values() if s.needs_engine}
+        engine = {s.name for s in STEPS.values() if s.measures_time}  # the ones run alone
         if args.action == "check":
             problems = timings.check(steps, engine=engine)
             print("\n".join(problems) or "timings: the docs' times are all generated and current")

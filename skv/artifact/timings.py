@@ -296,8 +296,8 @@ def render_steps(
     record: Mapping[str, Any], steps: Sequence[str], engine: Collection[str] = ()
 ) -> str:
     """Every step's latest measured time, quick and full (one row per step), then the sums of
-    the steps that run a real engine (``engine``: they run alone, one at a time) and of the
-    others (two at a time)."""
+    the steps that measure a real engine's time (``engine``: they run alone, one at a time) and
+    of the others (two at a time)."""
     rows = ["| step | `--quick` | full | full measured on |", "|---|---:|---:|---|"]
     quick, full = record["steps"].get("quick", {}), record["steps"].get("full", {})
     for name in steps:
@@ -308,7 +308,7 @@ def render_steps(
             f"{_when(f) + ', ' + fmt_machine(f['machine']) if f else 'not timed yet'} |"
         )
     groups = {
-        "engine steps, run alone": [s for s in steps if s in engine],
+        "steps timing an engine, run alone": [s for s in steps if s in engine],
         "other steps, two at a time": [s for s in steps if s not in engine],
     }
     for label, group in groups.items():

@@ -4,6 +4,7 @@ intervals, tolerances that must cover the seed spread, quick mode, and the shipp
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -278,3 +279,18 @@ def test_claims_skipped_for_the_same_reason_share_one_note_line():
     ]
     notes = [ln for ln in C.format_rows(rows).splitlines() if "no trace" in ln]
     assert notes == ["  c0, c1, c2 (skipped): no trace; then ./reproduce.sh x"]
+
+
+def test_quick_checks_no_timing_claim_of_a_timed_engine_step():
+    """--quick runs the steps that time an engine beside other steps (skv.artifact.pipeline),
+    so whatever quick checks of them must be a count of cached tokens, not a time."""
+    timing = re.compile(r"TTFT|ITL|TPOT|E2E|latency|QPS|throughput|SLO|\bms\b|second", re.I)
+    timed = {n for n, s in STEPS.items() if s.measures_time}
+    checked = [
+        c for c in load_claims().claims
+        if c.step in timed and not c.quick.not_checked
+    ]  # fmt: skip
+    assert checked, "no quick claim on a timed step: the guard below would check nothing"
+    for c in checked:
+        assert c.unit in ("fraction", "points"), (c.id, c.unit)
+        assert not timing.search(c.compares), (c.id, c.compares)

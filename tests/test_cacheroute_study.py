@@ -292,7 +292,7 @@ def test_the_pinned_configs_load(path, quick):
     assert cfg.routers and cfg.seeds
     if not quick:
         assert len(cfg.seeds) >= 3  # claims over seeds
-    assert S.num_requests(cfg, 100.0) == 6000 + cfg.measured_requests
+    assert S.num_requests(cfg, 100.0) == round(100 * cfg.warmup_s) + cfg.measured_requests
 
 
 def _write(tmp_path, text):

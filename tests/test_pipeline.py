@@ -3,6 +3,7 @@ missing traces, claims checking."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import re
@@ -232,46 +233,6 @@ def test_every_claim_the_paper_cites_is_in_claims_yaml():
     assert known <= cited, f"claims the paper never cites: {sorted(known - cited)}"
 
 
-def test_timed_steps_run_alone_and_engines_one_at_a_time(tmp_path, monkeypatch):
-    """Steps that measure engine time never share the CPU with another step; an engine step
-    that does not (cache hits, answers) runs beside a simulation but never beside another
-    engine step; simulations run side by side."""
-    spans: dict[str, tuple[float, float]] = {}
-
-    def fake_execute(step, params, layout, root):
-        t0 = time.monotonic()
-        time.sleep(0.15)
-        for rel in step.outputs:
-            out = layout.output(rel)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text("x")
-        spans[step.name] = (t0, time.monotonic())
-
-    monkeypatch.setattr(pipeline, "execute_notebook", fake_execute)
-    monkeypatch.setattr(pipeline, "missing_engine", lambda step: None)
-    monkeypatch.setattr(pipeline, "missing_traces", lambda step: None)
-    untimed = ["fig_repurpose_quality", "fig_repurpose_vllm"]
-    assert all(STEPS[n].needs_engine and not STEPS[n].measures_time for n in untimed)
-    names = [
-        "fig_fidelity_vllm", *untimed, MOONCAKE_STEP, "fig_routing_vllm",
-        "fig_hit_rate_claude_code",
-    ]  # fmt: skip
-    layout = Layout(tmp_path / "f", tmp_path / "t", tmp_path / "b")
-    res = run_pipeline(names, jobs=4, layout=layout, echo=False)
-    assert {r.status for r in res} == {"ran"}
-
-    def overlap(a: str, b: str) -> bool:
-        (a0, a1), (b0, b1) = spans[a], spans[b]
-        return not (a1 <= b0 or b1 <= a0)
-
-    for t in (n for n in names if STEPS[n].measures_time):
-        assert not any(overlap(t, o) for o in names if o != t), t
-    assert not overlap(*untimed)  # two engines would stall each other
-    sims = [MOONCAKE_STEP, "fig_hit_rate_claude_code"]
-    assert any(overlap(u, s) for u in untimed for s in sims)  # an engine beside a simulation
-    assert overlap(*sims)
-
-
 def _fake_notebooks(monkeypatch, tmp_path, *, quick: bool = True):
     """Route the pipeline into tmp_path and replace papermill by a writer of each step's
     outputs and of the values its claims expect (so only skips can make claims not ok)."""
@@ -420,16 +381,15 @@ def test_quick_figures_are_stamped_and_say_when_engine_times_shared_the_cpu():
     assert "shared with other steps" in pipeline.figure_stamp(timed, quick=True)
 
 
-def test_quick_runs_timed_engine_steps_beside_simulations_still_one_engine_at_a_time(
-    tmp_path, monkeypatch
-):
-    """--quick checks no timing claim, so a timed engine step shares the CPU with a
-    simulation there; two engines still never run at once."""
+def _scheduled(monkeypatch, tmp_path, names, *, quick=False, jobs=4, record=None, sleep=None):
+    """Run ``names`` through the pipeline with notebooks that sleep (``sleep(step)`` seconds,
+    0.15 by default) and a timing record ``record`` (empty: registry order); returns
+    ``(spans, overlap)``: each step's (start, end) and whether two steps overlapped."""
     spans: dict[str, tuple[float, float]] = {}
 
     def fake_execute(step, params, layout, root):
         t0 = time.monotonic()
-        time.sleep(0.15 if step.needs_engine else 0.8)  # the simulation outlasts an engine
+        time.sleep(sleep(step) if sleep else 0.15)
         for rel in step.outputs:
             out = layout.output(rel)
             out.parent.mkdir(parents=True, exist_ok=True)
@@ -439,15 +399,61 @@ def test_quick_runs_timed_engine_steps_beside_simulations_still_one_engine_at_a_
     monkeypatch.setattr(pipeline, "execute_notebook", fake_execute)
     monkeypatch.setattr(pipeline, "missing_engine", lambda step: None)
     monkeypatch.setattr(pipeline, "missing_traces", lambda step: None)
-    engines = ["fig_fidelity_vllm", "fig_routing_vllm", "fig_repurpose_vllm"]
-    sims = [MOONCAKE_STEP]
+    mode = "quick" if quick else "full"
+    rec = {"phases": {}, "runs": {}, "steps": {mode: record or {}}}
+    monkeypatch.setattr(pipeline.timings, "load", lambda *a, **k: rec)
     layout = Layout(tmp_path / "f", tmp_path / "t", tmp_path / "b")
-    res = run_pipeline([*engines, *sims], quick=True, jobs=2, layout=layout, echo=False)
+    res = run_pipeline(names, quick=quick, jobs=jobs, layout=layout, echo=False)
     assert {r.status for r in res} == {"ran"}
 
     def overlap(a: str, b: str) -> bool:
         (a0, a1), (b0, b1) = spans[a], spans[b]
         return not (a1 <= b0 or b1 <= a0)
 
+    return spans, overlap
+
+
+def test_timed_steps_run_alone_and_servers_one_at_a_time(tmp_path, monkeypatch):
+    """Full run: a step that measures engine time shares the CPU with nothing; an engine step
+    that does not (cache hits) runs beside a simulation, never beside another server; the
+    quality probe (engine venv, no server) beside anything; simulations side by side."""
+    # routing as an untimed server step, so two of them can meet
+    monkeypatch.setitem(
+        pipeline.STEPS, "fig_routing_vllm",
+        dataclasses.replace(STEPS["fig_routing_vllm"], measures_time=False),
+    )  # fmt: skip
+    servers = ["fig_routing_vllm", "fig_repurpose_vllm"]
+    probe, sims = "fig_repurpose_quality", [MOONCAKE_STEP, "fig_hit_rate_claude_code"]
+    assert not pipeline.STEPS[probe].starts_server and pipeline.STEPS[probe].needs_engine
+    names = ["fig_fidelity_vllm", *servers, probe, *sims]
+    _spans, overlap = _scheduled(monkeypatch, tmp_path, names)
+    assert not any(overlap("fig_fidelity_vllm", o) for o in names if o != "fig_fidelity_vllm")
+    assert not overlap(*servers)  # two servers would stall each other's requests
+    assert any(overlap(s, m) for s in servers for m in sims)  # a server beside a simulation
+    assert any(overlap(probe, s) for s in servers)  # the probe starts no server
+    assert overlap(*sims)
+
+
+def test_quick_runs_timed_engine_steps_beside_simulations_still_one_server_at_a_time(
+    tmp_path, monkeypatch
+):
+    """--quick checks no timing claim, so a timed engine step shares the CPU with a
+    simulation there; two servers still never run at once."""
+    engines = ["fig_fidelity_vllm", "fig_routing_vllm", "fig_repurpose_vllm"]
+    _spans, overlap = _scheduled(
+        monkeypatch, tmp_path, [*engines, MOONCAKE_STEP], quick=True, jobs=2,
+        sleep=lambda step: 0.15 if step.needs_engine else 0.8,  # the simulation outlasts one
+    )  # fmt: skip
     assert not any(overlap(a, b) for a in engines for b in engines if a != b)
-    assert any(overlap(e, s) for e in engines[:2] for s in sims)  # a timed step beside a sim
+    assert any(overlap(e, MOONCAKE_STEP) for e in engines[:2])  # a timed step beside a sim
+
+
+def test_free_slots_go_to_the_longest_recorded_steps_first(tmp_path, monkeypatch):
+    """Registry order is mooncake, claude code, learned params; the record reorders them."""
+    names = [MOONCAKE_STEP, "fig_hit_rate_claude_code", "fig_saecache_learned_params"]
+    assert not any(STEPS[n].depends for n in names)
+    record = {"fig_saecache_learned_params": {"seconds": 90.0},
+              "fig_hit_rate_claude_code": {"seconds": 5.0}}  # fmt: skip
+    spans, _ = _scheduled(monkeypatch, tmp_path, names, jobs=1, record=record,
+                          sleep=lambda step: 0.02)  # fmt: skip
+    assert sorted(spans, key=lambda n: spans[n][0]) == [names[2], names[1], names[0]]

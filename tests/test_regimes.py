@@ -67,6 +67,32 @@ def test_grid_is_the_product_of_the_axes_with_every_policy_and_seed(grid):
     assert list(table["mix"].astype(str)) == ["a", "b", "a", "b"]
 
 
+class SharedLoad(R.RegimeConfig):
+    shared_axes = ("load",)
+
+
+#: (mix, think, seed) of each toy_cell call, in order, in the one process of jobs=1
+CALLS: list[tuple] = []
+
+
+def counting_cell(cfg: R.RegimeConfig, setting: dict, seed: int) -> dict:
+    CALLS.append((setting["mix"], setting["think"], seed, setting["load"]))
+    return toy_cell(cfg, setting, seed)
+
+
+def test_shared_axes_put_their_settings_in_one_task_and_change_no_row(grid):
+    """Settings that differ only in a shared axis run one after another (so a cell can keep
+    its workload), and the rows are those of the ungrouped grid, in the grid's order."""
+    _cfg, rows, _ = grid
+    shared = SharedLoad.model_validate({**BASE, "secondary": {"hit": "higher"}})
+    CALLS.clear()
+    got = R.run_grid(shared, counting_cell, jobs=1)
+    pd.testing.assert_frame_equal(got, rows)
+    # each (mix, think, seed) is called for load 1 then load 2, back to back
+    assert [c[:3] for c in CALLS[::2]] == [c[:3] for c in CALLS[1::2]]
+    assert [c[3] for c in CALLS] == [1, 2] * (len(CALLS) // 2)
+
+
 def test_ratio_is_baseline_over_method_paired_per_seed(grid):
     _, _, table = grid
     row = table[(table["load"] == "1") & (table["mix"] == "a")].iloc[0]
@@ -373,6 +399,26 @@ def test_prefix_hits_split_into_head_and_documents():
     assert small["head_hit_rate"] + small["doc_hit_rate"] == pytest.approx(small["token_hit_rate"])
     out = RR.cell(cfg, cfg.settings()[0], 0)
     assert set(out) == {"prefix", "segment"}
+
+
+def test_repurpose_cells_of_one_workload_build_it_once_and_match_a_fresh_build():
+    """The capacity is a shared axis: the second capacity's cell reuses the compiled traces,
+    and its numbers equal those of a cell that built them anew."""
+    from skv.experiments.repurpose import regimes as RR
+
+    cfg = RR.load(REPURPOSE_CONFIG, quick=True)
+    assert RR.RepurposeRegimeConfig.shared_axes == ("capacity",)
+    small, big = ({**cfg.settings()[0], "capacity": c} for c in ("30GB", "1TB"))
+    params = RR.workload_params(cfg, small, 0)
+    assert type(params).model_validate_json(params.model_dump_json()) == params
+    RR.keyed_traces.cache_clear()
+    first = RR.cell(cfg, small, 0)
+    second = RR.cell(cfg, big, 0)
+    assert RR.keyed_traces.cache_info().hits == 1  # built once for both capacities
+    RR.keyed_traces.cache_clear()
+    assert repr(RR.cell(cfg, big, 0)) == repr(second)  # repr: NaN equals NaN
+    assert repr(RR.cell(cfg, small, 0)) == repr(first)
+    assert second["prefix"]["token_hit_rate"] >= first["prefix"]["token_hit_rate"]
 
 
 def test_repurpose_map_config_checks():

@@ -16,9 +16,10 @@ run and its outputs exist; ``--force`` runs it anyway. A step whose real trace i
 except steps whose numbers include a real engine's time (``measures_time``): in the full run
 they run alone, so no other step shares the CPU with their timings. The other engine steps
 (cache hits replayed one request at a time, a model's answers) give the same numbers on a busy
-CPU: they share it with non-engine steps, but never with a second engine. ``--quick`` checks
-no timing claim, so there every engine step is scheduled that way (its times are from a
-shared CPU, and its figures say the run was quick).
+CPU: they share it with non-engine steps, but never with a second engine (the quality probe,
+which starts no server, with anything). ``--quick`` checks no timing claim, so there every
+engine step is scheduled that way (its times are from a shared CPU, and its figures say the
+run was quick). Free slots go to the steps whose last recorded run was longest.
 
 Steps and the sweep executor (:mod:`skv.experiments.sweep`): the steps themselves stay here,
 papermill subprocesses on a thread pool, and never go to a Dask cluster: they read and write
@@ -75,9 +76,11 @@ class Step:
     #: real traces it reads when present and does without otherwise (a column left empty):
     #: their presence is part of the step's cache key, so adding one reruns the step
     optional_traces: tuple[str, ...] = ()
-    #: runs a real vLLM engine (skv.vllm): skipped, with the reason, when its venv is absent;
-    #: never beside another engine step
+    #: runs in the vLLM engine venv (skv.vllm): skipped, with the reason, when it is absent
     needs_engine: bool = False
+    #: starts vLLM servers (with ``needs_engine``): never beside another step that does, whose
+    #: requests would stall its own; False for work in the engine venv without a server
+    starts_server: bool = True
     #: its figure or claims include measured engine time (TTFT, throughput, an SLO): it runs
     #: alone, nothing else shares the CPU with it
     measures_time: bool = False
@@ -368,6 +371,7 @@ STEPS: dict[str, Step] = {
                 "tables/repurpose_quality.tex",
             ),
             needs_engine=True,
+            starts_server=False,  # transformers in the engine venv, no vLLM server
         ),
         Step(
             "fig_cacheroute_qps",
@@ -723,7 +727,13 @@ def run_pipeline(
         # keep to one engine at a time, and their figures' times come from a shared CPU
         return step.measures_time and not quick
 
-    pending = list(steps)
+    def serves(step: Step) -> bool:
+        return step.needs_engine and step.starts_server
+
+    # the longest first (their last recorded times in this mode), so that no long step
+    # starts last and runs on alone; the order changes when steps end, never what they compute
+    recorded = timings.load().get("steps", {}).get("quick" if quick else "full", {})
+    pending = sorted(steps, key=lambda s: -float(recorded.get(s.name, {}).get("seconds", 0.0)))
     running: dict[Future, Step] = {}
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         while pending or running:
@@ -732,7 +742,7 @@ def run_pipeline(
                     break
                 if alone(step) and running:
                     continue  # it measures time: it starts only when nothing else runs
-                if step.needs_engine and any(r.needs_engine for r in running.values()):
+                if serves(step) and any(serves(r) for r in running.values()):
                     continue  # one engine at a time: two would stall each other's requests
                 if all(d in results for d in step.depends if d in {s.name for s in steps}):
                     pending.remove(step)

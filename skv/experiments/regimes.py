@@ -22,8 +22,9 @@ and against parity (ratio 1): ``wins`` (low end above 1), ``loses`` (high end un
 ``paper_setup``'s for that axis (an axis the paper does not state is not restricted).
 
 Each study supplies the cell: ``cell(cfg, setting, seed) -> {policy: {metric: value}}``
-(:func:`run_grid` runs the cells on the sweep executor, one task per (setting, seed); each
-cell seeds itself, so tables are identical whatever the number of processes). This module
+(:func:`run_grid` runs the cells on the sweep executor, one task per (setting, seed), or per
+seed and group of settings that differ only in the study's ``shared_axes``; each cell seeds
+itself, so tables are identical whatever the number of processes). This module
 holds what the three maps share: the config fields, the grid, the summary and the figure.
 """
 
@@ -33,7 +34,7 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -88,6 +89,10 @@ class RegimeConfig(BaseModel):
     cols: str
     #: short names of axes for the figure (an axis not named: its own name)
     names: dict[str, str] = Field(default_factory=dict)
+    #: axes the cell's workload does not depend on (a study sets it, not the YAML): settings
+    #: that differ only in them go to one task, one call after another, so a cell that keeps
+    #: its last workload (``functools.lru_cache``) builds it once for all of them
+    shared_axes: ClassVar[tuple[str, ...]] = ()
 
     @model_validator(mode="after")
     def _check_grid(self) -> RegimeConfig:
@@ -160,11 +165,24 @@ Cell = Callable[[Any, dict[str, Any], int], dict[str, dict[str, float]]]
 
 def run_grid(cfg: RegimeConfig, cell: Cell, *, jobs: int | None = None) -> pd.DataFrame:
     """Every (setting, seed) of ``cfg`` through ``cell``: one row per (setting, seed, policy)
-    with the axis values (as labels), ``seed``, ``policy`` and the cell's metrics."""
-    tasks = [(cell, cfg, s, seed) for s in cfg.settings() for seed in cfg.seeds]
+    with the axis values (as labels), ``seed``, ``policy`` and the cell's metrics, in the
+    grid's order. Settings differing only in ``cfg.shared_axes`` share a task."""
+    settings = cfg.settings()
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for i, s in enumerate(settings):
+        key = tuple(axis_label(v) for k, v in s.items() if k not in cfg.shared_axes)
+        groups.setdefault(key, []).append(i)
+    index = [(members, seed) for members in groups.values() for seed in cfg.seeds]
+    tasks = [(cell, cfg, [settings[i] for i in members], seed) for members, seed in index]
     done = run_sweep(_task, tasks, jobs=jobs, label=f"{cfg.id} cells")
+    by = {
+        (i, seed): result
+        for (members, seed), results in zip(index, done, strict=True)
+        for i, result in zip(members, results, strict=True)
+    }
     rows = []
-    for (_, _, setting, seed), result in zip(tasks, done, strict=True):
+    for (i, setting), seed in itertools.product(enumerate(settings), cfg.seeds):
+        result = by[i, seed]
         missing = [p for p in cfg.policies if p not in result]
         if missing:
             raise ValueError(f"{cfg.id}: a cell returned no result for {missing}")
@@ -180,9 +198,11 @@ def run_grid(cfg: RegimeConfig, cell: Cell, *, jobs: int | None = None) -> pd.Da
     return pd.DataFrame(rows)
 
 
-def _task(task: tuple[Cell, RegimeConfig, dict[str, Any], int]) -> dict[str, dict[str, float]]:
-    cell, cfg, setting, seed = task
-    return cell(cfg, setting, seed)
+def _task(
+    task: tuple[Cell, RegimeConfig, list[dict[str, Any]], int],
+) -> list[dict[str, dict[str, float]]]:
+    cell, cfg, settings, seed = task
+    return [cell(cfg, setting, seed) for setting in settings]
 
 
 def _verdict(ci: Sequence[float], threshold: float, words: tuple[str, str, str]) -> str:

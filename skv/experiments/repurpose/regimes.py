@@ -19,8 +19,9 @@ recurs, measured rather than argued.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field, ValidationError, model_validator
 
@@ -41,6 +42,8 @@ class RepurposeRegimeConfig(R.RegimeConfig):
     parameters every setting starts from; an axis named ``capacity`` sets the cache, any
     other axis the workload parameter of its name."""
 
+    #: the cache does not change the workload: one task builds it for every capacity
+    shared_axes: ClassVar[tuple[str, ...]] = ("capacity",)
     workload: dict[str, Any] = Field(default_factory=dict)
     policy: str = "lru"
     model: str = "llama-3.1-8b"
@@ -74,16 +77,15 @@ def workload_params(cfg: RepurposeRegimeConfig, setting: dict[str, Any], seed: i
     return ZipfRagParams(**{**cfg.workload, **over, "seed": seed})
 
 
-def replay(trace: Any, policy: str, capacity: int) -> dict[str, float]:
+def replay(trace: Any, policy: str, capacity: int, share: float | None = None) -> dict[str, float]:
     """One keying's replay: the token hit rate and, for a request's leading hit run, how many
-    of its tokens are document blocks and how many come before them."""
+    of its tokens are document blocks and how many come before them. ``share`` is
+    :func:`head_share` of ``trace`` (computed here when not given)."""
     from skv.replay import trace_totals
 
-    totals = trace_totals(trace)
     chains, stats = S.chain_hits(trace, policy, capacity)
-    doc_hits = head_tokens = 0
+    doc_hits = 0
     for rb, hits in zip(trace, chains, strict=True):
-        head_tokens += sum(t for t, st in zip(rb.tokens, rb.stypes, strict=True) if st != DOC)
         if len(hits) == 1:  # one chain (prefix keying): its hits are its first blocks
             left = hits[0]
             for t, st in zip(rb.tokens, rb.stypes, strict=True):
@@ -92,45 +94,61 @@ def replay(trace: Any, policy: str, capacity: int) -> dict[str, float]:
                 if st == DOC:
                     doc_hits += min(t, left)
                 left -= t
-    prompt = totals.prompt_tokens
+    prompt = trace_totals(trace).prompt_tokens
     hit = stats.hit_tokens
     single = all(len(h) == 1 for h in chains)
     return {
         "token_hit_rate": hit / prompt,
         "doc_hit_rate": doc_hits / prompt if single else float("nan"),
         "head_hit_rate": (hit - doc_hits) / prompt if single else float("nan"),
-        "head_share": _question_free(head_tokens, trace) / prompt,
+        "head_share": head_share(trace) if share is None else share,
     }
 
 
-def _question_free(head_tokens: int, trace: Any) -> int:
-    """Non-document tokens less each request's question (its last user segment): what
-    precedes or follows the documents and can recur."""
-    question = 0
+def head_share(trace: Any) -> float:
+    """The share of prompt tokens that are neither documents nor a request's question (its
+    trailing run of user-query blocks): what precedes or follows the documents and can recur.
+    A property of the workload and keying, not of the cache."""
+    from skv.replay import trace_totals
+
+    head = 0
     for rb in trace:
-        # the question is the trailing run of user-query blocks
+        head += sum(t for t, st in zip(rb.tokens, rb.stypes, strict=True) if st != DOC)
         for t, st in zip(reversed(rb.tokens), reversed(rb.stypes), strict=True):
             if st != QUESTION:
                 break
-            question += t
-    return head_tokens - question
+            head -= t
+    return head / trace_totals(trace).prompt_tokens
+
+
+@functools.lru_cache(maxsize=1)
+def keyed_traces(params_json: str, block_size: int) -> dict[str, tuple[Any, int, float]]:
+    """The workload of ``params_json`` (``ZipfRagParams``) compiled under each keying: its
+    trace, block accesses and :func:`head_share`. The last one is kept: the cells of one
+    task (:attr:`RepurposeRegimeConfig.shared_axes`: the capacity) build it once."""
+    from skv.replay import compile_trace, trace_totals
+    from skv.workloads import WORKLOADS
+    from skv.workloads.zipf_rag import ZipfRagParams
+
+    requests = WORKLOADS["zipf_rag"](ZipfRagParams.model_validate_json(params_json))
+    out = {}
+    for mode in MODES:
+        trace = compile_trace(requests, block_size=block_size, mode=mode)
+        out[mode] = (trace, trace_totals(trace).block_accesses, head_share(trace))
+    return out
 
 
 def cell(
     cfg: RepurposeRegimeConfig, setting: dict[str, Any], seed: int
 ) -> dict[str, dict[str, float]]:
-    from skv.replay import compile_trace, trace_totals
-    from skv.workloads import WORKLOADS
-
-    requests = WORKLOADS["zipf_rag"](workload_params(cfg, setting, seed))
+    params = workload_params(cfg, setting, seed).model_dump_json()
     out = {}
-    for mode in MODES:
-        trace = compile_trace(requests, block_size=cfg.block_size, mode=mode)
+    for mode, (trace, accesses, share) in keyed_traces(params, cfg.block_size).items():
         cap = S.capacity_blocks(
             str(setting.get("capacity", "30GB")), block_size=cfg.block_size, model=cfg.model,
-            total_blocks=trace_totals(trace).block_accesses,
+            total_blocks=accesses,
         )  # fmt: skip
-        out[mode] = replay(trace, cfg.policy, cap)
+        out[mode] = replay(trace, cfg.policy, cap, share)
     return out
 
 

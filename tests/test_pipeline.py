@@ -457,3 +457,22 @@ def test_free_slots_go_to_the_longest_recorded_steps_first(tmp_path, monkeypatch
     spans, _ = _scheduled(monkeypatch, tmp_path, names, jobs=1, record=record,
                           sleep=lambda step: 0.02)  # fmt: skip
     assert sorted(spans, key=lambda n: spans[n][0]) == [names[2], names[1], names[0]]
+
+
+def test_an_unreadable_timing_record_orders_nothing_and_fails_nothing(tmp_path, caplog):
+    (tmp_path / "experiments").mkdir()
+    rec = tmp_path / "experiments" / "timings.json"
+    assert pipeline.recorded_seconds(tmp_path, "quick") == {}  # absent
+    rec.write_text("<<<<<<< HEAD\n")
+    assert pipeline.recorded_seconds(tmp_path, "quick") == {}
+    assert "not used to order the steps" in caplog.text
+    rec.write_text(json.dumps({"phases": {}, "runs": {}, "steps": {"quick": {"a": None}}}))
+    assert pipeline.recorded_seconds(tmp_path, "quick") == {}
+    rec.write_text(json.dumps({"phases": {}, "runs": {},
+                               "steps": {"quick": {"a": {"seconds": 3.5}}}}))  # fmt: skip
+    assert pipeline.recorded_seconds(tmp_path, "quick") == {"a": 3.5}
+
+
+def test_a_step_that_times_an_engine_must_start_one():
+    with pytest.raises(ValueError, match="measures_time"):
+        pipeline.Step("x", "s", "c", (), measures_time=True)

@@ -71,7 +71,7 @@ class SharedLoad(R.RegimeConfig):
     shared_axes = ("load",)
 
 
-#: (mix, think, seed) of each toy_cell call, in order, in the one process of jobs=1
+#: (mix, think, seed, load) of each toy_cell call, in order, in the one process of jobs=1
 CALLS: list[tuple] = []
 
 
@@ -87,6 +87,7 @@ def test_shared_axes_put_their_settings_in_one_task_and_change_no_row(grid):
     shared = SharedLoad.model_validate({**BASE, "secondary": {"hit": "higher"}})
     CALLS.clear()
     got = R.run_grid(shared, counting_cell, jobs=1)
+    assert len(CALLS) == 4 * 3  # in this process (an SKV_DASK cluster would leave it empty)
     pd.testing.assert_frame_equal(got, rows)
     # each (mix, think, seed) is called for load 1 then load 2, back to back
     assert [c[:3] for c in CALLS[::2]] == [c[:3] for c in CALLS[1::2]]

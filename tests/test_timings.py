@@ -117,7 +117,7 @@ def test_render_states_each_time_with_its_date_and_machine_and_a_stale_block_is_
     steps = T.render_steps(record, ["a", "b"], engine={"a"})
     assert "| `a` | - | 90 s | 2026-12-02, 2 cores" in steps and "| `b` | - | - |" in steps
     # the timed engine steps' sum (they run alone) and the others', with how many were timed
-    assert "| sum of the 1 steps timing an engine, run alone | - | 90 s | |" in steps
+    assert "| sum of the 1 steps timing an engine (full run: alone) | - | 90 s | |" in steps
     assert "| sum of the 1 other steps, two at a time | - | - | |" in steps
     record["steps"]["full"]["b"] = {"seconds": 30.0, "finished": "x", "machine": MACHINE}
     record["steps"]["full"]["c"] = {"seconds": 5.0, "finished": "x", "machine": MACHINE}

@@ -16,10 +16,11 @@ run and its outputs exist; ``--force`` runs it anyway. A step whose real trace i
 except steps whose numbers include a real engine's time (``measures_time``): in the full run
 they run alone, so no other step shares the CPU with their timings. The other engine steps
 (cache hits replayed one request at a time, a model's answers) give the same numbers on a busy
-CPU: they share it with non-engine steps, but never with a second engine (the quality probe,
-which starts no server, with anything). ``--quick`` checks no timing claim, so there every
+CPU: they share it with other steps, but never with a second vLLM server (``starts_server``;
+the quality probe starts none). ``--quick`` checks no timing claim, so there every
 engine step is scheduled that way (its times are from a shared CPU, and its figures say the
-run was quick). Free slots go to the steps whose last recorded run was longest.
+run was quick). Free slots go to the steps whose last recorded run was longest (the steps that
+run alone wait until nothing else can start, so they run last).
 
 Steps and the sweep executor (:mod:`skv.experiments.sweep`): the steps themselves stay here,
 papermill subprocesses on a thread pool, and never go to a Dask cluster: they read and write
@@ -39,6 +40,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -55,6 +57,8 @@ import yaml
 from skv.artifact import claims as claims_mod
 from skv.artifact import timings
 from skv.artifact.claims import ClaimsFile
+
+log = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parents[2]
 KERNEL = "python3"
@@ -88,6 +92,10 @@ class Step:
     params: dict[str, Any] = field(default_factory=dict)
     #: other config files or folders the step reads (a study's ``base``): part of its cache key
     inputs: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.measures_time and not (self.needs_engine and self.starts_server):
+            raise ValueError(f"step {self.name}: measures_time is for steps that start a server")
 
     @property
     def notebook(self) -> str:
@@ -647,6 +655,19 @@ def execute_notebook(step: Step, params: dict[str, Any], layout: Layout, root: P
         raise RuntimeError(f"papermill exited {proc.returncode}: " + " | ".join(tail))
 
 
+def recorded_seconds(root: Path, mode: str) -> dict[str, float]:
+    """Each step's last recorded time in ``mode`` (``experiments/timings.json``), for the order
+    in which free slots are given: a hint, so an absent or unreadable record (a merge conflict,
+    a hand edit) gives no times and the registry order, with a warning, never a failed run."""
+    path = root / "experiments" / "timings.json"
+    try:
+        steps = timings.load(path)["steps"].get(mode, {})
+        return {name: float(entry["seconds"]) for name, entry in steps.items()}
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        log.warning("%s: not used to order the steps (%s)", path, exc)
+        return {}
+
+
 def run_pipeline(
     names: Sequence[str] | None = None,
     *,
@@ -732,8 +753,8 @@ def run_pipeline(
 
     # the longest first (their last recorded times in this mode), so that no long step
     # starts last and runs on alone; the order changes when steps end, never what they compute
-    recorded = timings.load().get("steps", {}).get("quick" if quick else "full", {})
-    pending = sorted(steps, key=lambda s: -float(recorded.get(s.name, {}).get("seconds", 0.0)))
+    recorded = recorded_seconds(root, "quick" if quick else "full")
+    pending = sorted(steps, key=lambda s: -recorded.get(s.name, 0.0))
     running: dict[Future, Step] = {}
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         while pending or running:

@@ -308,7 +308,7 @@ def render_steps(
             f"{_when(f) + ', ' + fmt_machine(f['machine']) if f else 'not timed yet'} |"
         )
     groups = {
-        "steps timing an engine, run alone": [s for s in steps if s in engine],
+        "steps timing an engine (full run: alone)": [s for s in steps if s in engine],
         "other steps, two at a time": [s for s in steps if s not in engine],
     }
     for label, group in groups.items():

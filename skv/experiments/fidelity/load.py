@@ -777,6 +777,7 @@ def fidelity_load_figure(result: dict[str, Any]) -> Figure:
     highest stage; the simulator's signed TTFT error per stage (mean, p90, p99) with the engine's
     own repeat error as the noise floor; max QPS at the SLO, engine vs simulator."""
     import matplotlib
+    import matplotlib.ticker
 
     from skv.experiments.plotstyle import figure, measured_on, paper_style, wrap_title
 
@@ -799,6 +800,8 @@ def fidelity_load_figure(result: dict[str, Any]) -> Figure:
                 ax1.plot(xs, np.arange(1, len(xs) + 1) / len(xs), style, color=colour, lw=1.1,
                          label=f"{who}, {name}")  # fmt: skip
         ax1.set_xscale("log")
+        # a range within one decade gets a label on every minor tick, and they collide
+        ax1.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax1.set_xlabel("TTFT (ms)")
         ax1.set_ylabel("CDF over requests")
         ax1.legend(fontsize="xx-small", frameon=False, loc="lower right")

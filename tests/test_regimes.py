@@ -305,6 +305,29 @@ def test_cacheroute_setting_config_applies_each_axis_and_scales_the_search():
     assert run.measured_requests == cfg.measured_requests
 
 
+def test_cacheroute_searches_of_two_slos_share_their_points_and_match_fresh_searches():
+    """The SLO is a shared axis: a point's simulation leaves it out of its key, so the second
+    SLO's search reuses the rates both probe, and each search equals one that simulates all."""
+    from skv.experiments.cacheroute import regimes as CR
+    from skv.experiments.cacheroute import study as S
+
+    cfg = CR.load(ROUTE_CONFIG, quick=True)
+    assert CR.RouteRegimeConfig.shared_axes == ("slo_ms",)
+    setting = cfg.settings()[0]
+    small = {"measured_requests": 150, "warmup_s": 5.0}
+    runs = [
+        CR.setting_config(cfg, {**setting, "slo_ms": slo}).model_copy(update=small)
+        for slo in (2000, 3500)
+    ]
+    assert S.CacheRouteConfig.model_validate_json(runs[0].model_dump_json()) == runs[0]
+    CR._point_at.cache_clear()
+    shared = [S.search(run, 0, 0, 0, point=CR.shared_point) for run in runs]
+    hits = CR._point_at.cache_info().hits
+    assert hits >= 2  # at least the bracket's two ends, probed by both searches
+    fresh = [S.search(run, 0, 0, 0) for run in runs]
+    assert shared == fresh
+
+
 def test_cacheroute_map_names_a_router_missing_from_its_base(tmp_path):
     import yaml
 

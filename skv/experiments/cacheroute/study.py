@@ -19,6 +19,7 @@ seeds, picked per workload.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -193,13 +194,18 @@ def _point(cfg: CacheRouteConfig, w: WorkloadEntry, r: RouterEntry, seed: int, r
     )
 
 
-def search(cfg: CacheRouteConfig, wi: int, ri: int, seed: int) -> dict[str, Any]:
+def search(
+    cfg: CacheRouteConfig, wi: int, ri: int, seed: int, point: Callable[..., Any] | None = None
+) -> dict[str, Any]:
     """Max QPS at the SLO of router ``ri`` on workload ``wi`` and ``seed``: the bisection of
-    :func:`skv.experiments.slo_search.max_qps` on the config's SLO percentile of TTFT."""
+    :func:`skv.experiments.slo_search.max_qps` on the config's SLO percentile of TTFT.
+    ``point(cfg, wi, ri, seed, rate)`` measures one rate (default: simulate it)."""
     w, r = cfg.workloads[wi], cfg.routers[ri]
     s = cfg.search
     return max_qps(
-        lambda rate: _point(cfg, w, r, seed, rate),
+        (lambda rate: point(cfg, wi, ri, seed, rate))
+        if point is not None
+        else (lambda rate: _point(cfg, w, r, seed, rate)),
         cfg.slo_ms,
         lo=s.lo,
         hi=s.hi,

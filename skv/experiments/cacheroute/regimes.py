@@ -100,7 +100,8 @@ def _point_at(cfg_json: str, wi: int, ri: int, seed: int, rate: float) -> dict[s
 def shared_point(cfg: S.CacheRouteConfig, wi: int, ri: int, seed: int, rate: float) -> Any:
     """One simulated point, kept for the other SLO of the same setting: a point does not
     depend on ``slo_ms`` (only the search's verdict on it does), so the key leaves it out."""
-    return _point_at(cfg.model_copy(update={"slo_ms": 1.0}).model_dump_json(), wi, ri, seed, rate)
+    key = cfg.model_copy(update={"slo_ms": 1.0}).model_dump_json()
+    return dict(_point_at(key, wi, ri, seed, rate))  # a copy: the search returns it as "at"
 
 
 def cell(cfg: RouteRegimeConfig, setting: dict[str, Any], seed: int) -> dict[str, dict[str, float]]:

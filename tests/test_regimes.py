@@ -409,16 +409,16 @@ def test_prefix_hits_split_into_head_and_documents():
     # on every request but the first
     reqs = _rag(num_requests=200, fixed_prefix_fraction=1.0, docs_per_request=1)
     trace = compile_trace(reqs, block_size=16, mode="prefix")
-    got = RR.replay(trace, "lru", 10**7)
+    got = RR.replay(RR.keyed(trace), "lru", 10**7)
     assert got["head_hit_rate"] + got["doc_hit_rate"] == pytest.approx(got["token_hit_rate"])
     assert got["head_hit_rate"] == pytest.approx(got["head_share"] * 199 / 200, rel=0.02)
     assert got["doc_hit_rate"] > 0  # popular documents recur behind the one prefix
     # segment keying: several chains per request, no split
-    seg = RR.replay(compile_trace(reqs, block_size=16, mode="segment"), "lru", 10**7)
+    seg = RR.replay(RR.keyed(compile_trace(reqs, block_size=16, mode="segment")), "lru", 10**7)
     assert math.isnan(seg["head_hit_rate"]) and seg["token_hit_rate"] >= got["token_hit_rate"]
     # a small cache cuts hit runs inside documents: the parts still add up, neither negative
     reqs = _rag(num_requests=300, docs_per_request=4, zipf_alpha=1.4)
-    small = RR.replay(compile_trace(reqs, block_size=16, mode="prefix"), "lru", 1500)
+    small = RR.replay(RR.keyed(compile_trace(reqs, block_size=16, mode="prefix")), "lru", 1500)
     assert small["doc_hit_rate"] > 0
     assert small["head_hit_rate"] >= 0
     assert small["head_hit_rate"] + small["doc_hit_rate"] == pytest.approx(small["token_hit_rate"])

@@ -93,8 +93,7 @@ def setting_config(
 
 @functools.lru_cache(maxsize=256)
 def _point_at(cfg_json: str, wi: int, ri: int, seed: int, rate: float) -> dict[str, Any]:
-    cfg = S.CacheRouteConfig.model_validate_json(cfg_json)
-    return S._point(cfg, cfg.workloads[wi], cfg.routers[ri], seed, rate)
+    return S.point_at(S.CacheRouteConfig.model_validate_json(cfg_json), wi, ri, seed, rate)
 
 
 def shared_point(cfg: S.CacheRouteConfig, wi: int, ri: int, seed: int, rate: float) -> Any:

@@ -180,7 +180,9 @@ def num_requests(cfg: CacheRouteConfig, rate: float) -> int:
     return math.ceil(rate * cfg.warmup_s) + cfg.measured_requests
 
 
-def _point(cfg: CacheRouteConfig, w: WorkloadEntry, r: RouterEntry, seed: int, rate: float):
+def point_at(cfg: CacheRouteConfig, wi: int, ri: int, seed: int, rate: float) -> dict[str, Any]:
+    """One simulated point of router ``ri`` on workload ``wi``: what :func:`search` bisects on."""
+    w, r = cfg.workloads[wi], cfg.routers[ri]
     params = {**w.params, "num_requests": num_requests(cfg, rate)}
     requests = generate(w.name, params, rate, seed)
     return simulate_point(
@@ -195,17 +197,15 @@ def _point(cfg: CacheRouteConfig, w: WorkloadEntry, r: RouterEntry, seed: int, r
 
 
 def search(
-    cfg: CacheRouteConfig, wi: int, ri: int, seed: int, point: Callable[..., Any] | None = None
-) -> dict[str, Any]:
+    cfg: CacheRouteConfig, wi: int, ri: int, seed: int,
+    point: Callable[[CacheRouteConfig, int, int, int, float], dict[str, Any]] = point_at,
+) -> dict[str, Any]:  # fmt: skip
     """Max QPS at the SLO of router ``ri`` on workload ``wi`` and ``seed``: the bisection of
-    :func:`skv.experiments.slo_search.max_qps` on the config's SLO percentile of TTFT.
-    ``point(cfg, wi, ri, seed, rate)`` measures one rate (default: simulate it)."""
-    w, r = cfg.workloads[wi], cfg.routers[ri]
+    :func:`skv.experiments.slo_search.max_qps` on the config's SLO percentile of TTFT, each
+    rate measured by ``point`` (default: simulated)."""
     s = cfg.search
     return max_qps(
-        (lambda rate: point(cfg, wi, ri, seed, rate))
-        if point is not None
-        else (lambda rate: _point(cfg, w, r, seed, rate)),
+        lambda rate: point(cfg, wi, ri, seed, rate),
         cfg.slo_ms,
         lo=s.lo,
         hi=s.hi,
@@ -225,7 +225,7 @@ def _load_task(task: tuple[CacheRouteConfig, int, int, int, float]) -> dict[str,
     cfg, wi, ri, seed, rate = task
     w, r = cfg.workloads[wi], cfg.routers[ri]
     return {"workload": w.key, "router": r.key, "seed": seed, "rate": rate,
-            **_point(cfg, w, r, seed, rate)}  # fmt: skip
+            **point_at(cfg, wi, ri, seed, rate)}  # fmt: skip
 
 
 def run_qps(cfg: CacheRouteConfig, *, jobs: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -20,6 +20,7 @@ recurs, measured rather than argued.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -77,15 +78,29 @@ def workload_params(cfg: RepurposeRegimeConfig, setting: dict[str, Any], seed: i
     return ZipfRagParams(**{**cfg.workload, **over, "seed": seed})
 
 
-def replay(trace: Any, policy: str, capacity: int, share: float | None = None) -> dict[str, float]:
-    """One keying's replay: the token hit rate and, for a request's leading hit run, how many
-    of its tokens are document blocks and how many come before them. ``share`` is
-    :func:`head_share` of ``trace`` (computed here when not given)."""
+@dataclass(frozen=True)
+class Keyed:
+    """One keying's compiled trace with what every replay of it reads: its totals
+    (:func:`skv.replay.trace_totals`) and :func:`head_share`, computed once (:func:`keyed`)."""
+
+    trace: Any
+    totals: Any
+    head_share: float
+
+
+def keyed(trace: Any) -> Keyed:
     from skv.replay import trace_totals
 
-    chains, stats = S.chain_hits(trace, policy, capacity)
+    totals = trace_totals(trace)
+    return Keyed(trace, totals, head_share(trace, totals.prompt_tokens))
+
+
+def replay(k: Keyed, policy: str, capacity: int) -> dict[str, float]:
+    """One keying's replay: the token hit rate and, for a request's leading hit run, how many
+    of its tokens are document blocks and how many come before them."""
+    chains, stats = S.chain_hits(k.trace, policy, capacity)
     doc_hits = 0
-    for rb, hits in zip(trace, chains, strict=True):
+    for rb, hits in zip(k.trace, chains, strict=True):
         if len(hits) == 1:  # one chain (prefix keying): its hits are its first blocks
             left = hits[0]
             for t, st in zip(rb.tokens, rb.stypes, strict=True):
@@ -94,23 +109,21 @@ def replay(trace: Any, policy: str, capacity: int, share: float | None = None) -
                 if st == DOC:
                     doc_hits += min(t, left)
                 left -= t
-    prompt = trace_totals(trace).prompt_tokens
+    prompt = k.totals.prompt_tokens
     hit = stats.hit_tokens
     single = all(len(h) == 1 for h in chains)
     return {
         "token_hit_rate": hit / prompt,
         "doc_hit_rate": doc_hits / prompt if single else float("nan"),
         "head_hit_rate": (hit - doc_hits) / prompt if single else float("nan"),
-        "head_share": head_share(trace) if share is None else share,
+        "head_share": k.head_share,
     }
 
 
-def head_share(trace: Any) -> float:
-    """The share of prompt tokens that are neither documents nor a request's question (its
-    trailing run of user-query blocks): what precedes or follows the documents and can recur.
-    A property of the workload and keying, not of the cache."""
-    from skv.replay import trace_totals
-
+def head_share(trace: Any, prompt_tokens: int) -> float:
+    """The share of the ``prompt_tokens`` that are neither documents nor a request's question
+    (its trailing run of user-query blocks): what precedes or follows the documents and can
+    recur. A property of the workload and keying, not of the cache."""
     head = 0
     for rb in trace:
         head += sum(t for t, st in zip(rb.tokens, rb.stypes, strict=True) if st != DOC)
@@ -118,24 +131,20 @@ def head_share(trace: Any) -> float:
             if st != QUESTION:
                 break
             head -= t
-    return head / trace_totals(trace).prompt_tokens
+    return head / prompt_tokens
 
 
 @functools.lru_cache(maxsize=1)
-def keyed_traces(params_json: str, block_size: int) -> dict[str, tuple[Any, int, float]]:
-    """The workload of ``params_json`` (``ZipfRagParams``) compiled under each keying: its
-    trace, block accesses and :func:`head_share`. The last one is kept: the cells of one
-    task (:attr:`RepurposeRegimeConfig.shared_axes`: the capacity) build it once."""
-    from skv.replay import compile_trace, trace_totals
+def keyed_traces(params_json: str, block_size: int) -> dict[str, Keyed]:
+    """The workload of ``params_json`` (``ZipfRagParams``) compiled under each keying. The last
+    one is kept: the cells of one task (:attr:`RepurposeRegimeConfig.shared_axes`: the
+    capacity) build it once."""
+    from skv.replay import compile_trace
     from skv.workloads import WORKLOADS
     from skv.workloads.zipf_rag import ZipfRagParams
 
     requests = WORKLOADS["zipf_rag"](ZipfRagParams.model_validate_json(params_json))
-    out = {}
-    for mode in MODES:
-        trace = compile_trace(requests, block_size=block_size, mode=mode)
-        out[mode] = (trace, trace_totals(trace).block_accesses, head_share(trace))
-    return out
+    return {m: keyed(compile_trace(requests, block_size=block_size, mode=m)) for m in MODES}
 
 
 def cell(
@@ -143,12 +152,12 @@ def cell(
 ) -> dict[str, dict[str, float]]:
     params = workload_params(cfg, setting, seed).model_dump_json()
     out = {}
-    for mode, (trace, accesses, share) in keyed_traces(params, cfg.block_size).items():
+    for mode, k in keyed_traces(params, cfg.block_size).items():
         cap = S.capacity_blocks(
             str(setting.get("capacity", "30GB")), block_size=cfg.block_size, model=cfg.model,
-            total_blocks=accesses,
+            total_blocks=k.totals.block_accesses,
         )  # fmt: skip
-        out[mode] = replay(trace, cfg.policy, cap, share)
+        out[mode] = replay(k, cfg.policy, cap)
     return out
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from skv.artifact import paper, pipeline
-from skv.artifact.claims import ClaimsFile
+from skv.artifact.claims import ClaimsFile, Expectation
 from skv.artifact.pipeline import STEPS, Layout, load_claims
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -155,6 +155,32 @@ def test_values_tex_has_one_macro_per_claim_and_value_formatted_by_unit(tmp_path
     assert r"\skvdefine{fig_hit_rate_mooncake/count_of_things}{12{,}031}" in tex
     again = paper.values_tex(_claims(tmp_path), produced, quick=False, statuses=statuses)
     assert tex == again  # deterministic
+
+
+def test_a_value_the_quick_run_leaves_out_on_purpose_reads_full_run_only(tmp_path):
+    """A claim not checked in --quick whose value the quick config does not produce (e.g. a
+    policy left out to save an engine start) prints "full run only", and the build's check of
+    undefined values accepts it; a quick-checked claim without its value is still flagged."""
+    doc = _claims(tmp_path)
+    quick = Expectation(expected=3, tolerance=1)
+    checked = doc.claims[2].model_copy(update={"id": "absent_checked", "quick": quick})
+    doc.claims.append(checked)
+    tex = paper.values_tex(doc, {"fig_hit_rate_mooncake": {}}, quick=True)
+    assert r"\skvdefine{absent}{\skvnotquick{absent}}" in tex
+    assert r"\skvdefine{absent.ci}{\skvnotquick{absent.ci}}" in tex
+    assert r"\skvdefine{absent_checked}" not in tex
+    main = r"\begin{document} \val{absent} \ci{absent} \val{absent_checked}"
+    steps = {c.id: c.step for c in doc.claims}
+    assert paper.undefined_values(main, tex, ["fig_hit_rate_mooncake"], steps) == ["absent_checked"]
+    # a step that did not run keeps its "not run" mark
+    assert r"\skvdefine{absent}" not in paper.values_tex(doc, {}, quick=True)
+    assert r"\skvdefine{absent}" not in paper.values_tex(
+        doc, {"fig_hit_rate_mooncake": None}, quick=True
+    )
+    # the full run has no such excuse
+    full = paper.values_tex(doc, {"fig_hit_rate_mooncake": {}}, quick=False)
+    assert r"\skvdefine{absent}" not in full
+    assert r"\skvnotquick" in (ROOT / "paper" / "main.tex").read_text()
 
 
 def test_small_values_get_a_second_decimal_and_zero_has_no_sign():

@@ -149,11 +149,16 @@ def values_tex(
         raw = (produced.get(c.step) or {}).get(c.value)
         p = Produced.parse(raw)
         lines.append(f"% {c.id}: {c.compares}")
+        exp = c.expectation(quick)
         if p is not None and math.isfinite(p.value):
             d = decimals(p, c.unit)
             lines.append(_define(c.id, format_value(p.value, c.unit, d)))
             lines.append(_define(f"{c.id}.ci", format_ci(p, c.unit, d)))
-        exp = c.expectation(quick)
+        elif quick and exp.not_checked and produced.get(c.step) is not None:
+            # the step ran, and its quick config leaves this value out on purpose (the claim
+            # says why): "full run only", not "not run"
+            for name in (c.id, f"{c.id}.ci"):
+                lines.append(_define(name, f"\\skvnotquick{{{name}}}"))
         if exp.expected is not None:
             lines.append(_define(f"{c.id}.expected", format_value(exp.expected, c.unit)))
         if c.reference_value:

@@ -284,8 +284,41 @@ def test_the_array_holds_exactly_the_unpinned_leaves_under_overlapping_leases(se
         leaves = {id(b) for b in cache.blocks.values() if b.ref == 0 and b.n_children == 0}
         assert {id(b) for b in p._leaves} == leaves
         assert all(p._leaves[i].version == i + 1 for i in range(len(p._leaves)))
+        assert_leaf_copies_exact(p)
         check_tree(cache)
     assert len(victims) > 100 and p.metrics()["reconfigurations"] >= 10
+
+
+def assert_leaf_copies_exact(p: LHD) -> None:
+    """victim() reads the evictable blocks' last touch, class and bonus from compact copies:
+    each must equal its block's."""
+    for i, b in enumerate(p._leaves):
+        got = (p._leaf_t[i], p._leaf_c[i], p._leaf_x[i])
+        assert got == (b.pseq, b.pdata.cid, b.pk2), f"leaf {i}: copy {got} of {b}"
+
+
+@pytest.mark.parametrize("pool", ["radix", "vllm"])
+def test_the_leaf_copies_stay_exact_past_the_arrays_growth(pool):
+    """Hundreds of evictable blocks (the arrays start at 64 and double), explorers and
+    reconfigurations on: after every request the copies equal the blocks, in the prefix tree
+    and in vLLM's flat pool."""
+    params = {"associativity": 8, "reconfigure_interval": 200, "seed": 5}
+    trace = _tree_trace(7, 1500)
+    if pool == "radix":
+        cache = make_cache("lhd", 400, params)
+        for r in trace:
+            cache.access(r, r.arrival_s)
+            assert_leaf_copies_exact(cache.policy)
+        p = cache.policy
+    else:
+        vp = make_vllm_pool(400, "lhd", params)
+        for r in trace:
+            vp.release(vp.acquire(r, r.arrival_s), r.arrival_s)
+            assert_leaf_copies_exact(vp.policy)
+        p = vp.policy
+        assert vp.order.fallbacks == 0
+    assert len(p._leaf_t) > 64 and len(p._leaves) > 64
+    assert p.metrics()["reconfigurations"] >= 5 and p._explorers >= 0
 
 
 # ---------------------------------------------------------------- (4) seeded determinism

@@ -2,23 +2,6 @@
 from skv.cache.block cimport Block
 from skv.cache.policy cimport Policy
 
-cdef extern from *:
-    """
-    #if defined(__GNUC__) || defined(__clang__)
-    #define SKV_PREFETCH(p) __builtin_prefetch((const void *)(p))
-    #else
-    #define SKV_PREFETCH(p) ((void)(p))
-    #endif
-    /* the lines of list item i's object (a Block: three lines) into the cache, untouched */
-    static inline void _prefetch_object(PyObject *list, Py_ssize_t i) {
-        const char *p = (const char *)PyList_GET_ITEM(list, i);
-        SKV_PREFETCH(p);
-        SKV_PREFETCH(p + 64);
-        SKV_PREFETCH(p + 128);
-    }
-    """
-    void _prefetch_object(list items, Py_ssize_t i) noexcept
-
 cdef Py_ssize_t _MT_N, _MT_M
 cdef unsigned int _MT_UPPER, _MT_LOWER, _MT_MATRIX_A, _MT_TEMPER_B, _MT_TEMPER_C
 
@@ -55,6 +38,9 @@ cdef class LHD(Policy):
     cdef unsigned int _mt[624]
     cdef Py_ssize_t _mti
     cdef public list _leaves
+    cdef readonly long long[:] _leaf_t
+    cdef readonly long long[:] _leaf_c
+    cdef readonly double[:] _leaf_x
     cdef long long[:] _sample_j
     cdef long long[:] _sample_t
     cdef double[:] _sample_d
@@ -73,6 +59,7 @@ cdef class LHD(Policy):
     cdef void _explore(self, Block b) except *
     cdef void _tick(self) except *
     cdef void _add(self, Block b) except *
+    cdef void _grow_leaves(self) except *
     cdef void _remove(self, Block b) except *
     cpdef on_insert(self, Block b, double now)
     cpdef on_hit(self, Block b, double now)

@@ -115,9 +115,10 @@ Complexity: O(1) per insert, hit, pin, release, ``on_leaf`` and eviction record 
 per access for exploration); ``victim()`` is O(associativity) (O(evictable) when fewer);
 a reconfiguration is O(classes x max_age), once every ``reconfigure_interval`` accesses
 (amortised O(classes x max_age / interval) per access). Compiled (:mod:`skv._build`), the
-histograms are C arrays, ``victim()`` makes its draws first and has the sampled blocks' memory
-fetched while it reads them (scattered blocks: its cost is memory latency, not arithmetic), and
-the random numbers come from a C copy of the generator's Mersenne Twister state: the numbers of
+histograms are C arrays, ``victim()`` reads each evictable block's last touch, class and
+explorer bonus from compact arrays indexed like the candidate array (copied when the block joins
+it: an evictable block is not accessed, so the copy stays exact), not from the scattered blocks,
+and the random numbers come from a C copy of the generator's Mersenne Twister state: the numbers of
 ``random.Random(seed).random()``, as in plain Python.
 
 Parameters (defaults, and where they come from):
@@ -165,6 +166,8 @@ _MT_LOWER = 0x7FFFFFFF
 _MT_MATRIX_A = 0x9908B0DF
 _MT_TEMPER_B = 0x9D2C5680
 _MT_TEMPER_C = 0xEFC60000
+#: the evictable-leaf arrays' first capacity (doubled when full)
+_LEAF_START = 64
 #: the ``array`` type code of the words (``unsigned int``: 32 bits wherever CPython runs)
 _WORD = "I"
 assert array(_WORD).itemsize == 4
@@ -239,12 +242,6 @@ class _Class:
 
     def __repr__(self) -> str:
         return f"LHDClass({self.cid})"
-
-
-if not cython.compiled:
-
-    def _prefetch_object(items: list, i: int) -> None:
-        """Compiled (lhd.pxd), fetches the memory of ``items[i]``'s object into the cache."""
 
 
 def _as_list(values: cython.double[:]) -> list:
@@ -356,6 +353,11 @@ class LHD(Policy):
             self._words = array(_WORD, bytes(4 * _RAND_WORDS))
             self._word = _RAND_WORDS  # the next unused word (all used: draw again)
         self._leaves: list[Block] = []  # the evictable blocks; b.version = index + 1
+        # what victim() reads of each, by the same index (compact: sampling touches no block):
+        # last touch, class id, explorer bonus; capacity >= len(_leaves)
+        self._leaf_t = array("q", bytes(8 * _LEAF_START))
+        self._leaf_c = array("q", bytes(8 * _LEAF_START))
+        self._leaf_x = array("d", bytes(8 * _LEAF_START))
         # victim()'s candidates: index in _leaves, last touch, density
         self._sample_j = array("q")
         self._sample_t = array("q")
@@ -462,17 +464,46 @@ class LHD(Policy):
     # --- the evictable array ------------------------------------------------------------------
 
     def _add(self, b: Block) -> None:
+        """``b`` joins the evictable array, with a copy of its last touch, class and bonus:
+        these change only on an access, and an accessed block is pinned (the policy
+        contract), so not in the array: the copy stays exact while it is there."""
         if not b.version:
+            i: cython.Py_ssize_t = len(self._leaves)
+            if i >= len(self._leaf_t):
+                self._grow_leaves()
             self._leaves.append(b)
-            b.version = len(self._leaves)
+            b.version = i + 1
+            cl: _Class = b.pdata
+            self._leaf_t[i] = b.pseq
+            self._leaf_c[i] = cl.cid
+            self._leaf_x[i] = b.pk2
+
+    def _grow_leaves(self) -> None:
+        """Double the leaf arrays' capacity (new arrays: a typed view pins an array's size)."""
+        n: cython.Py_ssize_t = len(self._leaf_t)
+        i: cython.Py_ssize_t
+        t = array("q", bytes(16 * n))
+        c = array("q", bytes(16 * n))
+        x = array("d", bytes(16 * n))
+        for i in range(n):
+            t[i] = self._leaf_t[i]
+            c[i] = self._leaf_c[i]
+            x[i] = self._leaf_x[i]
+        self._leaf_t = t
+        self._leaf_c = c
+        self._leaf_x = x
 
     def _remove(self, b: Block) -> None:
         i: cython.Py_ssize_t = b.version - 1
         leaves: list = self._leaves
+        n: cython.Py_ssize_t = len(leaves) - 1  # the last block's index
         last: Block = leaves.pop()
         if last is not b:
             leaves[i] = last
             last.version = i + 1
+            self._leaf_t[i] = self._leaf_t[n]
+            self._leaf_c[i] = self._leaf_c[n]
+            self._leaf_x[i] = self._leaf_x[n]
         b.version = 0
 
     def on_pin(self, b: Block) -> None:
@@ -490,6 +521,10 @@ class LHD(Policy):
 
     def victim(self) -> Block | None:
         leaves: list = self._leaves
+        classes: list = self._classes
+        leaf_t: cython.longlong[:] = self._leaf_t
+        leaf_c: cython.longlong[:] = self._leaf_c
+        leaf_x: cython.double[:] = self._leaf_x
         top: cython.longlong = self._top
         shift: cython.longlong = self._age_shift
         clock: cython.longlong = self._clock
@@ -498,7 +533,6 @@ class LHD(Policy):
         m: cython.Py_ssize_t
         i: cython.Py_ssize_t
         j: cython.Py_ssize_t
-        b: Block
         best: Block
         cl: _Class
         age: cython.longlong
@@ -515,24 +549,21 @@ class LHD(Policy):
                 self._sample_j = array("q", bytes(8 * m))
                 self._sample_t = array("q", bytes(8 * m))
                 self._sample_d = array("d", bytes(8 * m))
-            if not exact:  # the draws first, fetching the blocks' memory in parallel
+            if not exact:  # the draws first
                 for i in range(m):
                     j = cython.cast(cython.Py_ssize_t, _uniform(self) * n)
                     if j >= n:
                         raise IndexError("list index out of range")
                     self._sample_j[i] = j
-                    if cython.compiled:
-                        _prefetch_object(leaves, j)
             for i in range(m):
                 j = i if exact else self._sample_j[i]
-                b = leaves[j]
-                t = b.pseq
+                t = leaf_t[j]
                 age = (clock - t) >> shift
                 if age >= top:
                     d = _NEG_INF
                 else:
-                    cl = b.pdata
-                    d = cl._density[age] + b.pk2
+                    cl = classes[leaf_c[j]]
+                    d = cl._density[age] + leaf_x[j]
                 self._sample_j[i] = j
                 self._sample_t[i] = t
                 self._sample_d[i] = d

@@ -228,6 +228,17 @@ _CHECK = textwrap.dedent(
     out["layer0_shift_err"] = float((p.rotate(k0, off) - full[0][0][:, :, sl]).abs().max())
     out["layer0_v_err"] = float((own[0][1] - full[0][1][:, :, sl]).abs().max())
     out["layer5_shift_err"] = float((p.rotate(k5, off) - full[5][0][:, :, sl]).abs().max())
+    # selective recompute (the probe's repairs) is the whole-context forward with every
+    # other position substituted, at the cost of the recomputed tokens only
+    ks = [full[l][0].clone() for l in range(p.layers)]
+    vs = [full[l][1].clone() for l in range(p.layers)]
+    ks[3][:, :, sl] = 0.5; vs[3][:, :, sl] = -0.5  # reused KV unlike the computed one
+    keep = torch.ones(len(ctx), 1, dtype=torch.bool); keep[off:off + 4] = False
+    whole = p.context_kv(ctx, (ks, vs, keep))
+    only = p.recompute_kv(ctx, ks, vs, list(range(off, off + 4)))
+    out["selective_err"] = max(float((a - b).abs().max()) for x, y in zip(whole, only)
+                               for a, b in zip(x, y))
+    out["selective_moved"] = float((only[3][0][:, :, off:off + 4] - 0.5).abs().max())
     # recomputing every document token is full prefill again
     r = p.run_item(it, ("full", "epic", "cacheblend"), 10**6, 1.0, 1)
     out["all_recomputed"] = [r["full"]["text"], r["epic"]["text"], r["cacheblend"]["text"]]
@@ -276,5 +287,6 @@ def test_the_probe_on_the_real_model_agrees_with_transformers(engine_python, smo
     assert out["layer0_v_err"] < 1e-3  # values carry no position
     # deeper layers miss the other documents: the shift alone does not make them exact
     assert out["layer5_shift_err"] > 100 * max(out["layer0_shift_err"], 1e-5)
+    assert out["selective_err"] < 1e-4 and out["selective_moved"] > 1e-2
     full, epic_all, blend_all = out["all_recomputed"]
     assert epic_all == full and blend_all == full

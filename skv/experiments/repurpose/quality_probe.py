@@ -25,11 +25,14 @@ stores documents once would hold it; then the schemes build the prompt's KV:
   the (K, V) difference over heads;
 - ``full``: full prefill, the reference.
 
-Recompute is layer by layer, as both systems do: one forward over the whole context in which,
-at every layer, the K and V of every position that is not recomputed are replaced by the
-reused ones (:class:`_Overrides`, a registered attention function); a recomputed token therefore
-attends to reused KV of the others and to recomputed KV of its fellows, and its own KV flows from
-its recomputed hidden state. The suffix is then prefilled on that cache and answered greedily.
+Recompute is layer by layer, as both systems do: one forward over the recomputed tokens alone,
+at their positions (:meth:`Probe.recompute_kv`), in which at every layer the reused K and V of
+the context take the recomputed tokens' K and V at their positions (a registered attention
+function); a recomputed token attends to the reused KV of every position up to its own and to
+its fellows' recomputed KV, and its own KV flows from its recomputed hidden state. (This is the
+whole-context forward with every other position's KV substituted, :meth:`Probe.context_kv`
+with a mask, at the cost of the recomputed tokens only: the test checks the two agree.)
+The suffix is then prefilled on that cache and answered greedily.
 The attention function is SDPA's with an explicit causal mask (mask interface registered too:
 without it a suffix prefilled on a cache is masked as if it started at position 0).
 
@@ -69,6 +72,9 @@ class _Overrides:
         self.keys: list[Any] | None = None
         self.values: list[Any] | None = None
         self.mask: Any = None  # bool (T, 1): True where the reused KV replaces the computed
+        #: selective recompute: the positions computed (the forward's tokens) and their
+        #: attention mask over the whole context, (1, 1, S, T)
+        self.select: tuple[Any, Any] | None = None
         self.record: list[tuple[Any, Any]] | None = None
 
 
@@ -82,8 +88,14 @@ def _register(torch: Any) -> None:
 
     def attention(module, query, key, value, attention_mask, **kw):
         if OVR.record is not None:
-            if OVR.keys is not None:
-                li = module.layer_idx
+            li = module.layer_idx
+            if OVR.select is not None:  # the reused context, the computed tokens written in
+                positions, attention_mask = OVR.select
+                k, v = OVR.keys[li].clone(), OVR.values[li].clone()
+                k[:, :, positions] = key
+                v[:, :, positions] = value
+                key, value = k, v
+            elif OVR.keys is not None:
                 key = torch.where(OVR.mask, OVR.keys[li], key)
                 value = torch.where(OVR.mask, OVR.values[li], value)
             OVR.record.append((key, value))
@@ -128,6 +140,26 @@ class Probe:
             return OVR.record
         finally:
             OVR.keys = OVR.values = OVR.mask = OVR.record = None
+
+    def recompute_kv(self, ctx: list[int], keys: list, values: list, positions: list[int]):
+        """Per layer the K, V of ``ctx`` with only ``positions`` recomputed, layer by layer, on
+        the reused ``keys``/``values`` (what CacheBlend and EPIC compute): one forward over
+        those tokens alone, at their positions, each attending to every position up to its
+        own (reused KV, or its fellows' recomputed KV). The same KV as :meth:`context_kv` with
+        every other position substituted (the hidden states of a substituted position reach
+        nothing but its own discarded KV), at the cost of the recomputed tokens only."""
+        torch = self.torch
+        pos = torch.tensor(positions, dtype=torch.long)
+        mask = (torch.arange(len(ctx))[None, :] <= pos[:, None])[None, None]
+        OVR.keys, OVR.values, OVR.select = keys, values, (pos, mask)
+        OVR.record = []
+        try:
+            with torch.no_grad():
+                tokens = torch.tensor([[ctx[i] for i in positions]])
+                self.model.model(tokens, position_ids=pos[None], use_cache=False)
+            return OVR.record
+        finally:
+            OVR.keys = OVR.values = OVR.select = OVR.record = None
 
     def standalone_kv(self, doc: list[int]) -> list[tuple]:
         """A document's KV prefilled on its own, at positions 0..len-1."""
@@ -232,8 +264,11 @@ class Probe:
             keep = reused.clone()
             for off, length in spans:
                 keep[off : off + min(epic_k, length)] = False
-            n_re = int((reused & ~keep).sum())
-            emit("epic", self.context_kv(ctx, (shift_k, naive_v, keep)), n_re)
+            emit(
+                "epic",
+                self._repaired(ctx, shift_k, naive_v, reused & ~keep),
+                int((reused & ~keep).sum()),
+            )
         if "cacheblend" in schemes:
             fk, fv = full[layer]
             dev = (fk - shift_k[layer]).pow(2).sum(dim=(0, 1, 3)) + (fv - naive_v[layer]).pow(
@@ -244,10 +279,18 @@ class Probe:
             top = torch.topk(dev, n_re).indices
             keep = reused.clone()
             keep[top] = False
-            emit("cacheblend", self.context_kv(ctx, (shift_k, naive_v, keep)), n_re)
+            emit("cacheblend", self._repaired(ctx, shift_k, naive_v, reused & ~keep), n_re)
         for name in out:
             out[name]["doc_tokens"] = doc_tokens
         return out
+
+    def _repaired(self, ctx: list[int], keys: list, values: list, redo: Any) -> list[tuple]:
+        """The reused KV with the document tokens flagged in ``redo`` (bool (T, 1))
+        recomputed; the prefix keeps full prefill's KV (already in ``keys``/``values``)."""
+        positions = [int(i) for i in redo[:, 0].nonzero()[:, 0]]
+        if not positions:
+            return list(zip(keys, values, strict=True))
+        return self.recompute_kv(ctx, keys, values, positions)
 
 
 def _work(job: tuple[dict[str, Any], int, int]) -> list[dict[str, Any]]:

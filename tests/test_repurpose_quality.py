@@ -205,14 +205,20 @@ _CHECK = textwrap.dedent(
     from skv.experiments.repurpose import quality_probe as qp
     from skv.experiments.repurpose.probe_tasks import make_item, MAX_NEW_TOKENS, SYSTEM
     p = qp.Probe(sys.argv[1], 1)
+    alone = qp.Probe(sys.argv[1], 1)  # answers one context cache at a time, not batched
+    batched = qp.Probe.answers
+    alone.answers = lambda caches, *a: [batched(alone, [c], *a)[0] for c in caches]
     out = {"items": []}
     for task in ("lookup", "first_item", "compare"):
         for i in range(2):
             it = make_item(5, task, i)
             r = p.run_item(it, qp.SCHEMES, 8, 0.15, 1)
+            one = alone.run_item(it, qp.SCHEMES, 8, 0.15, 1)
             prompt = p.ids(SYSTEM) + sum((p.ids(d) for d in it.documents), []) + p.ids(it.suffix)
             plain = p.plain_generate(prompt, MAX_NEW_TOKENS[task])
             out["items"].append({"full": r["full"]["text"], "plain": plain,
+                                 "texts": {k: v["text"] for k, v in r.items()},
+                                 "alone": {k: v["text"] for k, v in one.items()},
                                  "recomputed": {k: v["recomputed"] for k, v in r.items()}})
     # KV level, one item: naive vs RoPE shift vs full prefill at layer 0 and deeper
     it = make_item(5, "compare", 0)
@@ -278,6 +284,8 @@ def test_the_probe_on_the_real_model_agrees_with_transformers(engine_python, smo
     # (e) full prefill through the probe's cache is transformers' own greedy generate()
     for item in out["items"]:
         assert item["full"] == item["plain"], item
+        # the five schemes answered as one batch answer as each would alone
+        assert item["texts"] == item["alone"] and len(item["texts"]) == 5, item
         rec = item["recomputed"]
         assert rec["naive"] == rec["rope_shift"] == 0 and 0 < rec["epic"] < rec["full"]
         assert 0 < rec["cacheblend"] < rec["full"]

@@ -44,6 +44,21 @@ def test_a_claim_without_a_quick_expectation_is_not_checked_in_quick_mode_with_t
     assert check(c, 1.0, quick=False).status == "ok"
 
 
+def test_a_not_checked_value_a_quick_step_stopped_writing_is_missing_unless_marked_absent():
+    """Unchecked in quick mode is not unwatched: a step that ran without the value (a renamed
+    key, a notebook that stopped writing it) is missing; only a value the quick config leaves
+    out on purpose (``absent``) is not."""
+    c = claim(quick={"not_checked": "2 seeds are too few"})
+    row = check(c, None, quick=True)
+    assert row.status == "missing" and "not marked absent" in row.why
+    assert check(c, None, quick=True, wrote=False).status == "not checked"  # step did not run
+    assert check(c, None, quick=True, skip="no trace").status == "not checked"
+    left_out = claim(quick={"not_checked": "quick leaves the policy out", "absent": True})
+    assert check(left_out, None, quick=True).status == "not checked"
+    with pytest.raises(ValueError, match="absent needs not_checked"):
+        claim(quick={"expected": 1.0, "tolerance": 0.5, "absent": True})
+
+
 def test_a_skipped_step_is_skipped_with_its_reason_not_missing():
     row = check(claim(), None, skip="trace not found; then ./reproduce.sh fig_x")
     assert row.status == "skipped"

@@ -159,19 +159,30 @@ def test_values_tex_has_one_macro_per_claim_and_value_formatted_by_unit(tmp_path
 
 def test_a_value_the_quick_run_leaves_out_on_purpose_reads_full_run_only(tmp_path):
     """A claim not checked in --quick whose value the quick config does not produce (e.g. a
-    policy left out to save an engine start) prints "full run only", and the build's check of
-    undefined values accepts it; a quick-checked claim without its value is still flagged."""
-    doc = _claims(tmp_path)
+    policy left out to save an engine start; ``absent`` in its quick expectation) prints "full
+    run only", and the build's check of undefined values accepts it; a quick-checked claim, or
+    a not-checked one not marked absent, without its value is still flagged."""
+    base = _claims(tmp_path)
+    left_out = Expectation(not_checked="quick leaves the policy out", absent=True)
+    absent = base.claims[2].model_copy(update={"quick": left_out})
     quick = Expectation(expected=3, tolerance=1)
-    checked = doc.claims[2].model_copy(update={"id": "absent_checked", "quick": quick})
-    doc.claims.append(checked)
+    checked = absent.model_copy(update={"id": "absent_checked", "quick": quick})
+    unmarked = absent.model_copy(
+        update={"id": "absent_unmarked", "quick": Expectation(not_checked="2 seeds")}
+    )
+    doc = ClaimsFile(claims=[*base.claims[:2], absent, checked, unmarked])
     tex = paper.values_tex(doc, {"fig_hit_rate_mooncake": {}}, quick=True)
     assert r"\skvdefine{absent}{\skvnotquick{absent}}" in tex
     assert r"\skvdefine{absent.ci}{\skvnotquick{absent.ci}}" in tex
     assert r"\skvdefine{absent_checked}" not in tex
-    main = r"\begin{document} \val{absent} \ci{absent} \val{absent_checked}"
+    assert r"\skvdefine{absent_unmarked}" not in tex  # not checked, but not left out
+    main = r"\begin{document} \val{absent} \ci{absent} \val{absent_checked} "
+    main += r"\val{absent_unmarked}"
     steps = {c.id: c.step for c in doc.claims}
-    assert paper.undefined_values(main, tex, ["fig_hit_rate_mooncake"], steps) == ["absent_checked"]
+    assert paper.undefined_values(main, tex, ["fig_hit_rate_mooncake"], steps) == [
+        "absent_checked",
+        "absent_unmarked",
+    ]
     # a step that did not run keeps its "not run" mark
     assert r"\skvdefine{absent}" not in paper.values_tex(doc, {}, quick=True)
     assert r"\skvdefine{absent}" not in paper.values_tex(

@@ -10,7 +10,9 @@ spread of repeated runs of a measurement no seed pins (``spread over N runs``: a
 timing under load; the basis lists the runs' values and the tolerance must cover them).
 ``holds`` optionally states the thesis on the produced interval (``"> 0"``: the whole interval
 is above 0; ``"~ 0"``: it contains 0, e.g. "not reproduced"). Quick runs have their own
-expectation or say why they check nothing (``quick: {not_checked: why}``).
+expectation or say why they check nothing (``quick: {not_checked: why}``); a value the quick
+config does not produce at all (a policy it leaves out) says so too (``absent: true``), and the
+paper then prints "full run only" for it.
 
 A notebook writes produced values to ``claims.json`` as numbers, or as
 ``{"value": x, "ci95": [lo, hi], "n": seeds}`` when the value is a mean over seeds.
@@ -18,7 +20,8 @@ A notebook writes produced values to ``claims.json`` as numbers, or as
 Statuses of a checked claim: ``ok``; ``FAIL`` (outside the tolerance, thesis false, or
 tolerance narrower than the interval); ``skipped`` (its step cannot run here: why, and the
 command that enables it); ``not checked`` (no expectation for this mode); ``missing`` (no value
-and nobody said why). Only FAIL and missing make the check exit non-zero.
+and nobody said why; in a quick run also a not-checked value its step ran without writing,
+unless marked ``absent``). Only FAIL and missing make the check exit non-zero.
 """
 
 from __future__ import annotations
@@ -76,9 +79,13 @@ class Expectation(_Strict):
     #: seeded claims: the produced interval must rest on at least this many seeds
     min_seeds: int | None = Field(default=None, ge=1)
     not_checked: str | None = None
+    #: not produced in this mode at all (with not_checked): the step runs without the value
+    absent: bool = False
 
     @model_validator(mode="after")
     def _complete(self) -> Expectation:
+        if self.absent and not self.not_checked:
+            raise ValueError("absent needs not_checked: <why the value is not produced>")
         if self.not_checked:
             given = [k for k in ("expected", "tolerance", "holds") if getattr(self, k) is not None]
             if given:
@@ -283,6 +290,9 @@ def check_one(
     """The status of one claim given what its step produced (see the module docstring)."""
     exp = claim.expectation(quick)
     if exp.not_checked:
+        if wrote and got is None and not exp.absent and not skip_reason:
+            why = f"{claim.step} ran but wrote no value {claim.value!r} (not marked absent)"
+            return Row(claim, "missing", None, None, got, why)
         return Row(claim, "not checked", None, None, got, f"quick mode: {exp.not_checked}")
     e, tol = exp.expected, exp.tolerance
     assert e is not None and tol is not None

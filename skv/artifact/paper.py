@@ -154,7 +154,7 @@ def values_tex(
             d = decimals(p, c.unit)
             lines.append(_define(c.id, format_value(p.value, c.unit, d)))
             lines.append(_define(f"{c.id}.ci", format_ci(p, c.unit, d)))
-        elif quick and exp.not_checked and produced.get(c.step) is not None:
+        elif quick and exp.absent and produced.get(c.step) is not None:
             # the step ran, and its quick config leaves this value out on purpose (the claim
             # says why): "full run only", not "not run"
             for name in (c.id, f"{c.id}.ci"):

@@ -114,12 +114,12 @@ bonus.
 Complexity: O(1) per insert, hit, pin, release, ``on_leaf`` and eviction record (one RNG draw
 per access for exploration); ``victim()`` is O(associativity) (O(evictable) when fewer);
 a reconfiguration is O(classes x max_age), once every ``reconfigure_interval`` accesses
-(amortised O(classes x max_age / interval) per access). Compiled (:mod:`skv._build`), the
-histograms are C arrays, ``victim()`` reads each evictable block's last touch, class and
-explorer bonus from compact arrays indexed like the candidate array (copied when the block joins
-it: an evictable block is not accessed, so the copy stays exact), not from the scattered blocks,
-and the random numbers come from a C copy of the generator's Mersenne Twister state: the numbers of
-``random.Random(seed).random()``, as in plain Python.
+(amortised O(classes x max_age / interval) per access). ``victim()`` reads each evictable
+block's last touch, class and explorer bonus from compact arrays indexed like the candidate
+array (copied when the block joins it, see ``_add``), not from the scattered blocks. Compiled
+(:mod:`skv._build`), the histograms are C arrays, and the random numbers come from a C copy of
+the generator's Mersenne Twister state: the numbers of ``random.Random(seed).random()``, as in
+plain Python.
 
 Parameters (defaults, and where they come from):
 
@@ -464,9 +464,11 @@ class LHD(Policy):
     # --- the evictable array ------------------------------------------------------------------
 
     def _add(self, b: Block) -> None:
-        """``b`` joins the evictable array, with a copy of its last touch, class and bonus:
-        these change only on an access, and an accessed block is pinned (the policy
-        contract), so not in the array: the copy stays exact while it is there."""
+        """``b`` joins the evictable array, with a copy of its last touch, class and bonus.
+        They change on an access and on a release; an accessed block is pinned (the policy
+        contract), so not in the array, and a released block joins only now (its release sets
+        its last touch first; pins go 0 -> 1 and back, so it was not in the array): the copy
+        stays exact while the block is there."""
         if not b.version:
             i: cython.Py_ssize_t = len(self._leaves)
             if i >= len(self._leaf_t):

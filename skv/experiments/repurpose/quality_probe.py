@@ -183,10 +183,13 @@ class Probe:
         self, caches: list[list[tuple]], ctx_len: int, suffix: list[int], n: int
     ) -> list[str]:
         """:meth:`answer` for several context caches of one length at once, as one batch:
-        each decode step reads the weights once for all of them (a step is memory-bound). A
-        row's logits are the same bits as alone (measured: batch of 5 vs 1, max abs
-        difference 0.0), so the answers are the same; a row that met end-of-sequence stops
-        growing its answer while the others decode."""
+        each decode step reads the weights once for all of them (a step is memory-bound). On
+        the Intel VM of 2026-12-06 a row's logits were the same bits as alone (batch of 5 vs
+        1, max abs difference 0.0); a CPU whose math library picks another kernel for another
+        batch size may differ in the last bits, which can flip a greedy answer only at a
+        near-tie (the engine test compares batched and lone answers on the machine it runs
+        on). A row that met end-of-sequence stops growing its answer while the others
+        decode."""
         from transformers import DynamicCache
 
         torch = self.torch
@@ -253,12 +256,15 @@ class Probe:
         out: dict[str, dict[str, Any]] = {}
         doc_tokens = sum(length for _, length in spans)
 
-        # (scheme, its context cache, tokens recomputed), answered at the end as one batch
+        # (scheme, its context cache, tokens recomputed), answered at the end as one batch: a
+        # cache queued here is shared with later schemes and never changed in place after
         pending = [("full", full, doc_tokens)] if "full" in schemes else []
         if set(schemes) - {"full"}:
             pending += self._reused_schemes(
                 ctx, spans, doc_ids, full, schemes, epic_k, share, layer
             )
+        if not pending:
+            return out
         texts = self.answers([layers for _, layers, _ in pending], T, suffix, n)
         for (name, _, recomputed), text in zip(pending, texts, strict=True):
             out[name] = {"text": text, "extracted": extract(item, text), "recomputed": recomputed}

@@ -243,7 +243,7 @@ def test_format_rows_exactly():
     a = _claim(id="a", quick={"not_checked": "small"})
     b = _seeded(id="b", expected=1.0, tolerance=0.5, quick={"not_checked": "small"})
     rows = [
-        C.check_one(a, None, quick=True, skip_reason=None, wrote=True),
+        C.check_one(a, None, quick=True, skip_reason=None, wrote=False),
         C.check_one(b, C.Produced(1.25, (1.0, 1.5), 5), quick=False, skip_reason=None, wrote=True),
     ]
     assert C.format_rows(rows).split("\n") == [

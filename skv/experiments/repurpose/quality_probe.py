@@ -175,21 +175,17 @@ class Probe:
         _, out = apply_rotary_pos_emb(k, k, cos, sin)
         return out
 
-    def answer(self, layers: list[tuple], ctx_len: int, suffix: list[int], n: int) -> str:
-        """Greedy answer after ``suffix`` prefilled on the context cache ``layers``."""
-        return self.answers([layers], ctx_len, suffix, n)[0]
-
     def answers(
         self, caches: list[list[tuple]], ctx_len: int, suffix: list[int], n: int
     ) -> list[str]:
-        """:meth:`answer` for several context caches of one length at once, as one batch:
-        each decode step reads the weights once for all of them (a step is memory-bound). On
-        the Intel VM of 2026-12-06 a row's logits were the same bits as alone (batch of 5 vs
-        1, max abs difference 0.0); a CPU whose math library picks another kernel for another
-        batch size may differ in the last bits, which can flip a greedy answer only at a
-        near-tie (the engine test compares batched and lone answers on the machine it runs
-        on). A row that met end-of-sequence stops growing its answer while the others
-        decode."""
+        """Greedy answers after ``suffix`` prefilled on each of several context caches of one
+        length, as one batch: each decode step reads the weights once for all of them (a step
+        is memory-bound). On the Intel VM of 2026-12-06 a row's logits were the same bits as
+        alone (batch of 5 vs 1, max abs difference 0.0); a CPU whose math library picks another
+        kernel for another batch size may differ in the last bits, which can flip a greedy
+        answer only at a near-tie (the engine test compares batched and lone answers on the
+        machine it runs on). A row that met end-of-sequence stops growing its answer while
+        the others decode."""
         from transformers import DynamicCache
 
         torch = self.torch
@@ -267,9 +263,12 @@ class Probe:
             return out
         texts = self.answers([layers for _, layers, _ in pending], T, suffix, n)
         for (name, _, recomputed), text in zip(pending, texts, strict=True):
-            out[name] = {"text": text, "extracted": extract(item, text), "recomputed": recomputed}
-        for name in out:
-            out[name]["doc_tokens"] = doc_tokens
+            out[name] = {
+                "text": text,
+                "extracted": extract(item, text),
+                "recomputed": recomputed,
+                "doc_tokens": doc_tokens,
+            }
         return out
 
     def _reused_schemes(
@@ -309,13 +308,8 @@ class Probe:
             keep = reused.clone()
             for off, length in spans:
                 keep[off : off + min(epic_k, length)] = False
-            out.append(
-                (
-                    "epic",
-                    self._repaired(ctx, shift_k, naive_v, reused & ~keep),
-                    int((reused & ~keep).sum()),
-                )
-            )
+            redo = reused & ~keep
+            out.append(("epic", self._repaired(ctx, shift_k, naive_v, redo), int(redo.sum())))
         if "cacheblend" in schemes:
             fk, fv = full[layer]
             dev = (fk - shift_k[layer]).pow(2).sum(dim=(0, 1, 3)) + (fv - naive_v[layer]).pow(

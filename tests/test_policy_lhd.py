@@ -304,22 +304,17 @@ def test_the_leaf_copies_stay_exact_past_the_arrays_growth(pool):
     and in vLLM's flat pool."""
     params = {"associativity": 8, "reconfigure_interval": 200, "seed": 5}
     trace = _tree_trace(7, 1500)
+    cache = (
+        make_cache("lhd", 400, params) if pool == "radix" else make_vllm_pool(400, "lhd", params)
+    )
+    p = cache.policy
     explorer_seen = False  # an evictable explorer, whose bonus must be in its copy
-    if pool == "radix":
-        cache = make_cache("lhd", 400, params)
-        p = cache.policy
-        for r in trace:
-            cache.access(r, r.arrival_s)
-            assert_leaf_copies_exact(p)
-            explorer_seen |= any(b.pk2 for b in p._leaves)
-    else:
-        vp = make_vllm_pool(400, "lhd", params)
-        p = vp.policy
-        for r in trace:
-            vp.release(vp.acquire(r, r.arrival_s), r.arrival_s)
-            assert_leaf_copies_exact(p)
-            explorer_seen |= any(b.pk2 for b in p._leaves)
-        assert vp.order.fallbacks == 0
+    for r in trace:
+        cache.release(cache.acquire(r, r.arrival_s), r.arrival_s)
+        assert_leaf_copies_exact(p)
+        explorer_seen |= any(b.pk2 for b in p._leaves)
+    if pool == "vllm":
+        assert cache.order.fallbacks == 0
     assert len(p._leaf_t) > 64 and len(p._leaves) > 64
     assert p.metrics()["reconfigurations"] >= 5 and explorer_seen
 

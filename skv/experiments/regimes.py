@@ -60,6 +60,86 @@ def axis_label(value: Any) -> str:
     return str(value)
 
 
+#: a setting key that changes the config a cell runs (``config.<dotted path>``), not an axis
+CONFIG_PREFIX = "config."
+#: the toggle table's row of the untoggled setting
+UNTOGGLED = "none"
+
+
+class Toggles(BaseModel):
+    """The deviation ledger's measured rows (ARTIFACT.md): one setting (``at``: a value for
+    every axis) run as it is and once per change, each change one difference from the paper's
+    setup undone or varied, on the map's seeds and cells (method and reference only: the
+    ledger's effect is on the paper's comparison). A change's key is what a setting's key can
+    be (an axis, or a workload parameter the study's cell reads by name) or ``config.<dotted
+    path>`` into the config the cell runs (:func:`with_paths`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    at: dict[str, Any]
+    changes: dict[str, dict[str, Any]] = Field(min_length=1, max_length=16)
+
+    @model_validator(mode="after")
+    def _check(self) -> Toggles:
+        for name, change in self.changes.items():
+            if not change:
+                raise ValueError(f"toggles.changes.{name}: changes nothing")
+            if name == UNTOGGLED:
+                raise ValueError(f"toggles.changes: {UNTOGGLED!r} names the untoggled setting")
+        return self
+
+
+def split_setting(setting: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A setting's axis (and workload) values, and its config paths without the prefix."""
+    axes = {k: v for k, v in setting.items() if not k.startswith(CONFIG_PREFIX)}
+    paths = {k[len(CONFIG_PREFIX) :]: v for k, v in setting.items() if k.startswith(CONFIG_PREFIX)}
+    return axes, paths
+
+
+def with_paths(data: dict[str, Any], paths: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``data`` (a config as plain dicts and lists) with each dotted path set. In a
+    list, a segment picks items by index, by their ``label`` or else ``name``, or ``*`` for
+    every item. Every key on the way must exist (a model's dump has every field): a typo is an
+    error naming the path, never a run of the untoggled config. Only a ``params`` mapping
+    (free-form keyword arguments, checked by what reads them) may get a new key."""
+    import copy
+
+    out = copy.deepcopy(data)
+    for path, value in paths.items():
+        nodes: list[Any] = [out]
+        parts = path.split(".")
+        for depth, part in enumerate(parts):
+            last = depth == len(parts) - 1
+            found: list[Any] = []
+            for node in nodes:
+                if isinstance(node, dict):
+                    if part not in node and not (last and depth and parts[depth - 1] == "params"):
+                        raise ValueError(f"config.{path}: no {part!r} (keys: {', '.join(node)})")
+                    if last:
+                        node[part] = copy.deepcopy(value)
+                    else:
+                        found.append(node[part])
+                elif isinstance(node, list):
+                    picked = [i for i, item in enumerate(node) if _picks(part, i, item)]
+                    if not picked:
+                        raise ValueError(f"config.{path}: no list item {part!r}")
+                    for i in picked:
+                        if last:
+                            node[i] = copy.deepcopy(value)
+                        else:
+                            found.append(node[i])
+                else:
+                    raise ValueError(f"config.{path}: {part!r} is inside a value, not a mapping")
+            nodes = found
+    return out
+
+
+def _picks(part: str, index: int, item: Any) -> bool:
+    """Whether a path segment names a list item: ``*``, its index, or its label (else name)."""
+    if part in ("*", str(index)):
+        return True
+    return isinstance(item, dict) and (item.get("label") or item.get("name")) == part
+
+
 class RegimeConfig(BaseModel):
     """The fields every regime map has; a study subclasses it with its base setup. ``axes``
     maps an axis name to its values (the grid is their product, in this order); ``figure``
@@ -89,6 +169,8 @@ class RegimeConfig(BaseModel):
     cols: str
     #: short names of axes for the figure (an axis not named: its own name)
     names: dict[str, str] = Field(default_factory=dict)
+    #: the deviation ledger's runs (:class:`Toggles`); None: the map has none
+    toggles: Toggles | None = None
     #: axes the cell's workload does not depend on (a study sets it, not the YAML): settings
     #: that differ only in them go to one task, one call after another, so a cell that keeps
     #: its last workload (``functools.lru_cache``) builds it once for all of them
@@ -110,6 +192,11 @@ class RegimeConfig(BaseModel):
                 raise ValueError(f"{field}: {getattr(self, field)!r} is not an axis")
         if self.rows == self.cols:
             raise ValueError("rows and cols name the same axis")
+        if self.toggles is not None and set(self.toggles.at) != set(self.axes):
+            raise ValueError(
+                f"toggles.at: give a value for each axis ({', '.join(self.axes)}), got "
+                f"{', '.join(self.toggles.at) or 'none'}"
+            )
         if self.reference not in self.baselines:
             raise ValueError(f"reference: {self.reference!r} is not one of the baselines")
         if self.method in self.baselines:
@@ -135,6 +222,24 @@ class RegimeConfig(BaseModel):
         names = list(self.axes)
         return [
             dict(zip(names, combo, strict=True)) for combo in itertools.product(*self.axes.values())
+        ]
+
+    def toggle_settings(self) -> list[tuple[str, dict[str, Any]]]:
+        """``(name, setting)`` of the untoggled ``toggles.at`` and of each change (none
+        without toggles)."""
+        if self.toggles is None:
+            return []
+        at = {k: self.toggles.at[k] for k in self.axes}
+        return [(UNTOGGLED, at)] + [
+            (name, {**at, **change}) for name, change in self.toggles.changes.items()
+        ]
+
+    def checked_settings(self) -> list[tuple[str, dict[str, Any]]]:
+        """Every setting a run builds (the grid's and the toggles'), each with where the config
+        names it: a study's validator builds each, so a bad value is named before any run."""
+        return [(f"axes: setting {s}", s) for s in self.settings()] + [
+            (f"toggles.{'at' if n == UNTOGGLED else 'changes.' + n}", s)
+            for n, s in self.toggle_settings()
         ]
 
     def in_paper_setup(self, setting: dict[str, Any]) -> bool:
@@ -168,18 +273,7 @@ def run_grid(cfg: RegimeConfig, cell: Cell, *, jobs: int | None = None) -> pd.Da
     with the axis values (as labels), ``seed``, ``policy`` and the cell's metrics, in the
     grid's order. Settings differing only in ``cfg.shared_axes`` share a task."""
     settings = cfg.settings()
-    groups: dict[tuple[str, ...], list[int]] = {}
-    for i, s in enumerate(settings):
-        key = tuple(axis_label(v) for k, v in s.items() if k not in cfg.shared_axes)
-        groups.setdefault(key, []).append(i)
-    index = [(members, seed) for members in groups.values() for seed in cfg.seeds]
-    tasks = [(cell, cfg, [settings[i] for i in members], seed) for members, seed in index]
-    done = run_sweep(_task, tasks, jobs=jobs, label=f"{cfg.id} cells")
-    by = {
-        (i, seed): result
-        for (members, seed), results in zip(index, done, strict=True)
-        for i, result in zip(members, results, strict=True)
-    }
+    by = _run_settings(cfg, cell, settings, jobs=jobs, label=f"{cfg.id} cells")
     rows = []
     for (i, setting), seed in itertools.product(enumerate(settings), cfg.seeds):
         result = by[i, seed]
@@ -196,6 +290,95 @@ def run_grid(cfg: RegimeConfig, cell: Cell, *, jobs: int | None = None) -> pd.Da
                 }
             )
     return pd.DataFrame(rows)
+
+
+def _run_settings(
+    cfg: RegimeConfig, cell: Cell, settings: list[dict[str, Any]], *, jobs: int | None, label: str
+) -> dict[tuple[int, int], dict[str, dict[str, float]]]:
+    """``(setting index, seed) -> cell result`` for every setting and seed of ``cfg``; settings
+    differing only in ``cfg.shared_axes`` share a task."""
+    groups: dict[tuple[tuple[str, str], ...], list[int]] = {}
+    for i, s in enumerate(settings):
+        key = tuple((k, axis_label(v)) for k, v in s.items() if k not in cfg.shared_axes)
+        groups.setdefault(key, []).append(i)
+    index = [(members, seed) for members in groups.values() for seed in cfg.seeds]
+    tasks = [(cell, cfg, [settings[i] for i in members], seed) for members, seed in index]
+    done = run_sweep(_task, tasks, jobs=jobs, label=label)
+    return {
+        (i, seed): result
+        for (members, seed), results in zip(index, done, strict=True)
+        for i, result in zip(members, results, strict=True)
+    }
+
+
+def run_toggles(cfg: RegimeConfig, cell: Cell, *, jobs: int | None = None) -> pd.DataFrame:
+    """The deviation ledger's runs (:class:`Toggles`): one row per (toggle, seed, policy) with
+    the cell's metrics, the method and ``reference`` only; empty without toggles."""
+    named = cfg.toggle_settings()
+    if not named:
+        return pd.DataFrame(columns=["toggle", "seed", "policy"])
+    pair = cfg.model_copy(update={"baselines": [cfg.reference]})  # validated as cfg was
+    by = _run_settings(pair, cell, [s for _, s in named], jobs=jobs, label=f"{cfg.id} toggles")
+    rows = []
+    for (i, (name, _)), seed in itertools.product(enumerate(named), cfg.seeds):
+        for policy in pair.policies:
+            if policy not in by[i, seed]:
+                raise ValueError(f"{cfg.id}: toggle {name}: a cell returned no {policy!r}")
+            rows.append({"toggle": name, "seed": seed, "policy": policy, **by[i, seed][policy]})
+    return pd.DataFrame(rows)
+
+
+def toggle_table(cfg: RegimeConfig, rows: pd.DataFrame) -> pd.DataFrame:
+    """Per toggle: what it changes, the method's ratio to ``reference`` (per seed, Student t;
+    > 1: the method better) and its verdict against the headline, and the ratio's change from
+    the untoggled setting (paired per seed)."""
+    if cfg.toggles is None or rows.empty:
+        return pd.DataFrame()
+
+    def per_seed(name: str) -> np.ndarray:
+        d = rows[rows["toggle"] == name]
+        m = d[d["policy"] == cfg.method].sort_values("seed")[cfg.metric].to_numpy(float)
+        r = d[d["policy"] == cfg.reference].sort_values("seed")[cfg.metric].to_numpy(float)
+        return r / m if cfg.better == "lower" else m / r
+
+    base = per_seed(UNTOGGLED)
+    out = []
+    for name, setting in cfg.toggle_settings():
+        ratio = per_seed(name)
+        r, delta = interval(list(ratio)), interval(list(ratio - base))
+        change = {k: v for k, v in setting.items() if name != UNTOGGLED and k in
+                  cfg.toggles.changes[name]}  # fmt: skip
+        out.append({
+            "toggle": name,
+            "change": "; ".join(f"{k} = {axis_label(v)}" for k, v in change.items())
+            or "as at: " + ", ".join(f"{k} {axis_label(v)}" for k, v in setting.items()),
+            "ratio_ref": r["value"], "ratio_ref_low": r["ci95"][0], "ratio_ref_high": r["ci95"][1],
+            "delta": delta["value"], "delta_low": delta["ci95"][0], "delta_high": delta["ci95"][1],
+            "headline_vs_ref": _verdict(r["ci95"], cfg.headline, VERDICTS),
+        })  # fmt: skip
+    return pd.DataFrame(out)
+
+
+def toggle_claim_values(cfg: RegimeConfig, table: pd.DataFrame) -> dict[str, Any]:
+    """``toggle_<name>_ratio_ref`` and ``toggle_<name>_delta`` (value, ci95, n) per toggle,
+    ``toggles_max_ratio_ref`` the largest ratio to the reference over the toggles (the
+    untoggled setting included) with its interval and ``..._at`` its toggle, and
+    ``toggles_holds`` how many toggles' intervals lie at or above the headline."""
+    if table.empty:
+        return {}
+    n = len(cfg.seeds)
+    values: dict[str, Any] = {"toggles": len(table) - 1}
+    for _, t in table.iterrows():
+        for col in ("ratio_ref", "delta"):
+            values[f"toggle_{t['toggle']}_{col}"] = {
+                "value": float(t[col]), "ci95": [float(t[f"{col}_low"]), float(t[f"{col}_high"])],
+                "n": n,
+            }  # fmt: skip
+    i = table["ratio_ref"].idxmax()
+    values["toggles_max_ratio_ref"] = values[f"toggle_{table.loc[i, 'toggle']}_ratio_ref"]
+    values["toggles_max_ratio_ref_at"] = str(table.loc[i, "toggle"])
+    values["toggles_holds"] = int((table["headline_vs_ref"] == "holds").sum())
+    return values
 
 
 def _task(

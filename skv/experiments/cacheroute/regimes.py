@@ -52,24 +52,26 @@ class RouteRegimeConfig(R.RegimeConfig):
         for p in self.policies:
             if p not in keys:
                 raise ValueError(f"router {p!r} is not in {self.base} ({', '.join(keys)})")
-        for setting in self.settings():
+        for where, setting in self.checked_settings():
             try:
                 setting_config(self, setting, base=base)
             except ValueError as exc:
-                raise ValueError(f"axes: setting {setting}: {exc}") from None
+                raise ValueError(f"{where}: {exc}") from None
         return self
 
 
 def setting_config(
     cfg: RouteRegimeConfig, setting: dict[str, Any], *, base: S.CacheRouteConfig | None = None
 ) -> S.CacheRouteConfig:
-    """``base`` with one setting's values, the map's routers, its measured requests, and the
-    search bracket scaled by replicas / ``base``'s replicas."""
+    """``base`` with one setting's values, the map's routers, its measured requests, the
+    search bracket scaled by replicas / ``base``'s replicas, then any ``config.`` paths
+    (:func:`skv.experiments.regimes.with_paths`)."""
     base = base or S.load_config(cfg.base, quick=False)
     data = base.model_dump(mode="json")
     cluster, workload = dict(data["cluster"]), dict(data["workloads"][0])
     params = dict(workload.get("params") or {})
-    for name, value in setting.items():
+    axes, paths = R.split_setting(setting)
+    for name, value in axes.items():
         if name in CLUSTER_AXES:
             cluster[name] = value
         elif name in CONFIG_AXES:
@@ -88,7 +90,7 @@ def setting_config(
         "seeds": [0],
         "search": search,
     }
-    return S.CacheRouteConfig.model_validate(data)
+    return S.CacheRouteConfig.model_validate(R.with_paths(data, paths) if paths else data)
 
 
 @functools.lru_cache(maxsize=256)

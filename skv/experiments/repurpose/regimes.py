@@ -59,16 +59,30 @@ class RepurposeRegimeConfig(R.RegimeConfig):
         for m in (self.metric, *self.secondary):
             if m not in METRICS:
                 raise ValueError(f"metric {m!r}: a cell records {', '.join(METRICS)}")
-        for setting in self.settings():
+        for where, setting in self.checked_settings():
             try:
-                workload_params(self, setting, 0)
-                S.capacity_blocks(str(setting.get("capacity", "30GB")), block_size=self.block_size,
-                                  model=self.model, total_blocks=1)  # fmt: skip
+                run, axes = effective(self, setting)
+                workload_params(run, axes, 0)
+                S.capacity_blocks(str(axes.get("capacity", "30GB")), block_size=run.block_size,
+                                  model=run.model, total_blocks=1)  # fmt: skip
             except ValidationError as exc:
-                raise ValueError(f"axes: setting {setting}: {_flatten(exc)}") from None
+                raise ValueError(f"{where}: {_flatten(exc)}") from None
             except (KeyError, ValueError) as exc:
-                raise ValueError(f"axes: setting {setting}: {exc}") from None
+                raise ValueError(f"{where}: {exc}") from None
         return self
+
+
+def effective(
+    cfg: RepurposeRegimeConfig, setting: dict[str, Any]
+) -> tuple[RepurposeRegimeConfig, dict[str, Any]]:
+    """The config a setting runs (``cfg`` with its ``config.`` paths: the cell reads the
+    policy, model, block size and workload from it) and the setting's axis values."""
+    axes, paths = R.split_setting(setting)
+    if not paths:
+        return cfg, axes
+    data = R.with_paths(cfg.model_dump(mode="json"), paths)
+    data["toggles"] = None  # the toggled config is one run, not a map with toggles of its own
+    return type(cfg).model_validate(data), axes
 
 
 def workload_params(cfg: RepurposeRegimeConfig, setting: dict[str, Any], seed: int) -> Any:
@@ -150,14 +164,15 @@ def keyed_traces(params_json: str, block_size: int) -> dict[str, Keyed]:
 def cell(
     cfg: RepurposeRegimeConfig, setting: dict[str, Any], seed: int
 ) -> dict[str, dict[str, float]]:
-    params = workload_params(cfg, setting, seed).model_dump_json()
+    run, axes = effective(cfg, setting)
+    params = workload_params(run, axes, seed).model_dump_json()
     out = {}
-    for mode, k in keyed_traces(params, cfg.block_size).items():
+    for mode, k in keyed_traces(params, run.block_size).items():
         cap = S.capacity_blocks(
-            str(setting.get("capacity", "30GB")), block_size=cfg.block_size, model=cfg.model,
+            str(axes.get("capacity", "30GB")), block_size=run.block_size, model=run.model,
             total_blocks=k.totals.block_accesses,
         )  # fmt: skip
-        out[mode] = replay(k, cfg.policy, cap)
+        out[mode] = replay(k, run.policy, cap)
     return out
 
 

@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import ValidationError, model_validator
 
 from skv.experiments import regimes as R
-from skv.experiments.config import ExperimentConfig, load_config
+from skv.experiments.config import ExperimentConfig, config_from_dict, load_config
 from skv.experiments.saecache.study import replace_fields
 
 #: the metrics a cell keeps per policy (from the simulator's summary)
@@ -39,41 +39,51 @@ class SaeRegimeConfig(R.RegimeConfig):
     def _check_base(self) -> SaeRegimeConfig:
         """Every setting must make a valid config: a bad value is named here, not by a run."""
         from skv.experiments.config import _flatten
+        from skv.latency import make_latency_model
 
         for m in (self.metric, *self.secondary):
             if m not in METRICS:
                 raise ValueError(f"metric {m!r}: a cell records {', '.join(METRICS)}")
         base = load_config(self.base)
-        for setting in self.settings():
+        for where, setting in self.checked_settings():
             try:
-                setting_config(self, setting, base=base)
+                run = setting_config(self, setting, base=base)
+                make_latency_model(run.latency.name, **run.latency.params)
             except ValidationError as exc:
-                raise ValueError(f"axes: setting {setting}: {_flatten(exc)}") from None
+                raise ValueError(f"{where}: {_flatten(exc)}") from None
+            except ValueError as exc:
+                raise ValueError(f"{where}: {exc}") from None
         return self
 
 
 def setting_config(
     cfg: SaeRegimeConfig, setting: dict[str, Any], *, base: ExperimentConfig | None = None
 ) -> ExperimentConfig:
-    """The experiment config of one setting: ``base`` with the axes' values and the policies."""
+    """The experiment config of one setting: ``base`` with the axes' values, the policies and
+    any ``config.`` paths (:func:`skv.experiments.regimes.with_paths`)."""
     base = base or load_config(cfg.base)
     params = dict(base.workload.params)
     params["num_requests"] = cfg.num_requests
     capacities = list(base.capacities)
-    for name, value in setting.items():
+    axes, paths = R.split_setting(setting)
+    for name, value in axes.items():
         if name == "capacity":
             capacities = [str(value)]
         elif name == "arrival_s":
             params["arrival_min_s"], params["arrival_max_s"] = (float(v) for v in value)
         else:
             params[name] = value
-    return replace_fields(
+    config = replace_fields(
         base,
         id=f"{cfg.id}_cell",
         workload={"name": base.workload.name, "params": params},
         capacities=capacities,
         policies=cfg.policies,
     )
+    if not paths:
+        return config
+    data = R.with_paths(config.model_dump(mode="json"), paths)
+    return config_from_dict(data, source=f"{cfg.id} (toggled: {', '.join(paths)})")
 
 
 def simulate_policies(config: ExperimentConfig, seed: int) -> dict[str, dict[str, float]]:

@@ -39,7 +39,6 @@ class SaeRegimeConfig(R.RegimeConfig):
     def _check_base(self) -> SaeRegimeConfig:
         """Every setting must make a valid config: a bad value is named here, not by a run."""
         from skv.experiments.config import _flatten
-        from skv.latency import make_latency_model
 
         for m in (self.metric, *self.secondary):
             if m not in METRICS:
@@ -47,8 +46,7 @@ class SaeRegimeConfig(R.RegimeConfig):
         base = load_config(self.base)
         for where, setting in self.checked_settings():
             try:
-                run = setting_config(self, setting, base=base)
-                make_latency_model(run.latency.name, **run.latency.params)
+                setting_config(self, setting, base=base)
             except ValidationError as exc:
                 raise ValueError(f"{where}: {_flatten(exc)}") from None
             except ValueError as exc:

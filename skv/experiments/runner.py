@@ -265,7 +265,7 @@ def simulate_experiment(
     blocks, simulate each policy (:func:`sim_config`), record a row (:func:`_run_row`) and,
     for the first seed, the time series (:func:`_add_series`); then aggregate over seeds."""
     from skv.latency import make_latency_model
-    from skv.sim import simulate
+    from skv.sim import compile_run, simulate
     from skv.sizing import Capacity
 
     latency = make_latency_model(config.latency.name, **config.latency.params)
@@ -287,6 +287,7 @@ def simulate_experiment(
             f"seed {seed}: workload {len(requests)} requests, {unique} unique "
             f"blocks ({time.perf_counter() - t0:.2f} s)",
         )
+        compiled = None  # the seed's requests, compiled once: every capacity and policy serve them
         for i, cap in enumerate(config.capacities):
             try:
                 blocks = Capacity.parse(cap).to_blocks(
@@ -299,10 +300,10 @@ def simulate_experiment(
                 ) from None
             for pol in config.policies:
                 t1 = time.perf_counter()
+                sim = sim_config(config, pol, blocks)
+                compiled = compiled or compile_run(requests, sim)
                 try:
-                    res = simulate(
-                        requests, sim_config(config, pol, blocks), latency, progress=progress
-                    )
+                    res = simulate(compiled, sim, latency, progress=progress)
                 except RuntimeError as exc:  # e.g. a request larger than the whole cache
                     raise ValueError(
                         f"{config.id}: seed {seed}, capacity {cap} ({blocks} blocks), policy "

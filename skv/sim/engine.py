@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from tqdm import tqdm
@@ -55,18 +55,30 @@ from skv.tiers import LINKS, LoadPricer, TieredCache, TierSpec, resolve_tiers, t
 log = logging.getLogger(__name__)
 
 
-def simulate(
-    requests: Sequence[Request],
-    config: SimConfig,
-    latency: LatencyModel,
-    *,
-    progress: bool | None = None,
-    on_iteration: IterationHook | None = None,
-) -> SimResult:
-    """Serve ``requests`` (any order; sorted by arrival here) and measure every request.
+@dataclass(frozen=True)
+class CompiledRun:
+    """What :func:`simulate` builds from the requests before it serves them: the requests in
+    arrival order, their prompt blocks and, with ``include_output_blocks``, each one's prompt +
+    answer blocks. It depends on the config only through :func:`compile_key` (never on the
+    policy, capacity, replicas or latency), so a caller that serves one workload under many
+    policies compiles it once (:func:`compile_run`). ``simulate`` never changes it: an offline
+    policy, which writes next uses onto the blocks, compiles a copy of its own."""
 
-    ``on_iteration(replica, start_s, end_s, iteration)`` is called for every iteration a replica
-    runs, in each replica's order (for tests and debugging; None costs nothing).
+    key: tuple[Any, ...]
+    requests: tuple[Request, ...]
+    trace: tuple[RequestBlocks, ...]
+    #: per request, (prompt + answer blocks, the first of them that differs from the prompt's);
+    #: empty without ``include_output_blocks``
+    answers: tuple[tuple[RequestBlocks | None, int], ...]
+
+
+def compile_key(config: SimConfig) -> tuple[Any, ...]:
+    """The config fields a :class:`CompiledRun` depends on."""
+    return (config.block_size, config.mode, config.salt_by_tenant, config.include_output_blocks)
+
+
+def compile_run(requests: Sequence[Request], config: SimConfig) -> CompiledRun:
+    """The requests (any order; sorted by arrival here) compiled for ``config``'s keying.
 
     Every prompt needs at least one token: an engine computes the last prompt token to emit the
     first output token, and a request with nothing to prefill would never get one (it used to
@@ -81,15 +93,50 @@ def simulate(
             "engine needs at least one prompt token (drop or fix them in the trace)"
         )
     order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_s, i))
-    ordered = [requests[i] for i in order]
-    mode = KeyingMode(config.mode)
+    ordered = tuple(requests[i] for i in order)
     with no_cyclic_gc():  # plain data, no cycles: nothing for the collector to find
-        trace = compile_trace(
-            ordered, config.block_size, mode, salt_by_tenant=config.salt_by_tenant
+        mode, salt = KeyingMode(config.mode), config.salt_by_tenant
+        trace = compile_trace(ordered, config.block_size, mode, salt_by_tenant=salt)
+    answers = (
+        tuple(_answer_blocks(r, rb, config) for r, rb in zip(ordered, trace, strict=True))
+        if config.include_output_blocks
+        else ()
+    )
+    return CompiledRun(compile_key(config), ordered, tuple(trace), answers)
+
+
+def simulate(
+    requests: Sequence[Request] | CompiledRun,
+    config: SimConfig,
+    latency: LatencyModel,
+    *,
+    progress: bool | None = None,
+    on_iteration: IterationHook | None = None,
+) -> SimResult:
+    """Serve ``requests`` (any order, or compiled once for many runs: :func:`compile_run`) and
+    measure every request; the same results either way.
+
+    ``on_iteration(replica, start_s, end_s, iteration)`` is called for every iteration a replica
+    runs, in each replica's order (for tests and debugging; None costs nothing)."""
+    if not isinstance(requests, CompiledRun):
+        run = compile_run(requests, config)
+    elif requests.key != compile_key(config):
+        raise ValueError(
+            f"simulate: the requests were compiled for (block_size, mode, salt_by_tenant, "
+            f"include_output_blocks) = {requests.key}, the config has {compile_key(config)}"
         )
+    elif config.policy in OFFLINE:  # it writes next uses onto the blocks: its own copy
+        run = compile_run(requests.requests, config)
+    else:
+        run = requests
+    trace = list(run.trace)
+    with no_cyclic_gc():
         states = [
-            RequestState(rb.index, r, rb, r.arrival_s) for r, rb in zip(ordered, trace, strict=True)
+            RequestState(rb.index, r, rb, r.arrival_s)
+            for r, rb in zip(run.requests, trace, strict=True)
         ]
+    for st, (ext_rb, ext_start) in zip(states, run.answers, strict=False):
+        st.ext_rb, st.ext_start = ext_rb, ext_start
     make = _tiered_cache_maker(config, latency, trace) if config.tiers else None
     replicas = [
         Replica(
@@ -102,9 +149,6 @@ def simulate(
         )
         for k in range(config.replicas)
     ]
-    if config.include_output_blocks:
-        for st in states:
-            _plan_output_blocks(st, config)
     if config.policy in OFFLINE:
         _annotate_next_use(states)
         for rep in replicas:
@@ -185,19 +229,19 @@ def _by_time(row: dict[str, float]) -> float:
     return row["time_s"]
 
 
-def _plan_output_blocks(st: RequestState, config: SimConfig) -> None:
-    """The blocks of prompt + answer: the answer's blocks are cached when the request ends.
-
-    ``ext_start`` is the first block that differs from the prompt's own (the prompt's partial
-    last block is completed by the answer's first tokens). Hash-id traces carry no identity for
-    generated tokens, so their answers are not cached.
+def _answer_blocks(
+    r: Request, rb: RequestBlocks, config: SimConfig
+) -> tuple[RequestBlocks | None, int]:
+    """The blocks of prompt + answer (cached when the request ends) and the first of them that
+    differs from the prompt's own (the prompt's partial last block is completed by the answer's
+    first tokens). Hash-id traces carry no identity for generated tokens, so their answers are
+    not cached: ``(None, 0)``.
     """
-    r = st.request
     if r.hash_ids is not None:
-        return
+        return None, 0
     answer = Segment(
         SemanticType.OUTPUT,
-        st.output_target,
+        max(1, int(r.output_tokens)),  # the request's output target (RequestState)
         content_hash=r.output_hash or content_hash(f"output:{r.request_id}"),
         reusable=False,
     )
@@ -210,7 +254,6 @@ def _plan_output_blocks(st: RequestState, config: SimConfig) -> None:
         turn=r.turn,
         templated=r.templated,
     )
-    rb = st.rb
     ext_rb = request_blocks(
         ext,
         rb.block_size,
@@ -223,7 +266,7 @@ def _plan_output_blocks(st: RequestState, config: SimConfig) -> None:
         if a != b:
             break
         start += 1
-    st.ext_rb, st.ext_start = ext_rb, start
+    return ext_rb, start
 
 
 def _annotate_next_use(states: list[RequestState]) -> None:

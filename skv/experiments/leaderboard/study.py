@@ -176,21 +176,33 @@ def time_factor(task: ScaleTask) -> float:
     return factor
 
 
-def _simulated_ttft(cell: Cell, policy: str, params: dict, ttft: dict) -> tuple[float, float]:
-    """Mean and p90 TTFT (ms, simulated) of one policy setting at the TTFT load."""
+@functools.lru_cache(maxsize=1)
+def _ttft_run(trace_json: str, seed: int, factor: float, ttft_json: str) -> Any:
+    """The trace seed's requests with arrivals scaled by ``factor``, compiled for the
+    simulator once (:func:`skv.sim.compile_run`): a cell's policy settings all serve it."""
     from dataclasses import replace
 
+    from skv.sim import compile_run
+
+    reqs, trace, totals = _compiled(trace_json, seed)
+    ttft = json.loads(ttft_json)
+    start = min(r.arrival_s for r in reqs)
+    scaled = [replace(r, arrival_s=start + (r.arrival_s - start) * factor) for r in reqs]
+    blocks = _ttft_blocks(trace, totals, ttft)
+    return compile_run(scaled, _sim_config("lru", {}, blocks, trace[0].block_size, ttft))
+
+
+def _simulated_ttft(cell: Cell, policy: str, params: dict, ttft: dict) -> tuple[float, float]:
+    """Mean and p90 TTFT (ms, simulated) of one policy setting at the TTFT load."""
     from skv.latency import make_latency_model
     from skv.sim import simulate
 
-    reqs, trace, totals = _compiled(cell.trace, cell.seed)
-    start = min(r.arrival_s for r in reqs)
-    f = cell.time_factor
-    scaled = [replace(r, arrival_s=start + (r.arrival_s - start) * f) for r in reqs]
+    _, trace, totals = _compiled(cell.trace, cell.seed)
+    run = _ttft_run(cell.trace, cell.seed, cell.time_factor, json.dumps(ttft, sort_keys=True))
     config = _sim_config(policy, params, _ttft_blocks(trace, totals, ttft), trace[0].block_size,
                          ttft)  # fmt: skip
     latency = make_latency_model(ttft["latency"]["name"], **ttft["latency"]["params"])
-    s = simulate(scaled, config, latency, progress=False).summary
+    s = simulate(run, config, latency, progress=False).summary
     return float(s["ttft_ms_mean"]), float(s["ttft_ms_p90"])
 
 

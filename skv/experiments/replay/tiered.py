@@ -107,7 +107,7 @@ def _seed_task(task: tuple[TieredAgentConfig, int]) -> list[dict[str, Any]]:
     from skv.blocks import compile_trace
     from skv.latency import make_latency_model
     from skv.replay import trace_totals
-    from skv.sim import SimConfig, simulate
+    from skv.sim import SimConfig, compile_run, simulate
     from skv.sizing import Capacity
     from skv.traces import find_trace
     from skv.traces.claude_code import read_sessions, session_requests
@@ -123,6 +123,7 @@ def _seed_task(task: tuple[TieredAgentConfig, int]) -> list[dict[str, Any]]:
         block_size=block, unique_blocks=totals.unique_blocks, model=cfg.model
     )
     rows = []
+    compiled = None  # the seed's requests, compiled once: every cell serves them
     for cap, gpu_policy, cpu_policy in cfg.cells():
         tiers = [] if cap == NONE else [f"cpu={cap}@{cpu_policy},link={cfg.link}"]
         config = SimConfig(
@@ -132,7 +133,8 @@ def _seed_task(task: tuple[TieredAgentConfig, int]) -> list[dict[str, Any]]:
             tiers=tiers,
             tier_model=cfg.model,
         )
-        s = simulate(reqs, config, lat, progress=False).summary
+        compiled = compiled or compile_run(reqs, config)
+        s = simulate(compiled, config, lat, progress=False).summary
         tier_rates = {t["tier"]: t["token_hit_rate"] for t in s.get("tiers", [])}
         rows.append(
             {

@@ -94,7 +94,7 @@ def simulate_policies(config: ExperimentConfig, seed: int) -> dict[str, dict[str
         workload_params,
     )
     from skv.latency import make_latency_model
-    from skv.sim import simulate
+    from skv.sim import compile_run, simulate
     from skv.sizing import Capacity
 
     requests = make_requests(config.workload.name, workload_params(config, seed, False))
@@ -104,9 +104,10 @@ def simulate_policies(config: ExperimentConfig, seed: int) -> dict[str, dict[str
         model=config.model,
     )
     latency = make_latency_model(config.latency.name, **config.latency.params)
+    run = compile_run(requests, sim_config(config, config.policies[0], blocks))  # one for all
     out = {}
     for spec in config.policies:
-        summary = simulate(requests, sim_config(config, spec, blocks), latency).summary
+        summary = simulate(run, sim_config(config, spec, blocks), latency).summary
         out[spec.key] = {m: float(summary[m]) for m in METRICS}
     return out
 

@@ -37,9 +37,10 @@ def toy_cell(cfg: R.RegimeConfig, setting: dict, seed: int) -> dict:
     """ref's TTFT is 100 x load; the method's is ref's / (load x boost x (1 + 0.01 seed))."""
     ref = 100.0 * setting["load"]
     factor = setting["load"] * setting.get("boost", 1.0) * (1 + 0.01 * seed)
-    out = {"ref": {"ttft": ref}, "m": {"ttft": ref / factor}}
+    censored = float(setting["load"] == 2 and seed == 0)  # a bound, as a capped search gives
+    out = {"ref": {"ttft": ref, "censored": censored}, "m": {"ttft": ref / factor, "censored": 0}}
     if "other" in cfg.policies:  # the toggles run the method and the reference only
-        out["other"] = {"ttft": ref}
+        out["other"] = {"ttft": ref, "censored": 0}
     return out
 
 
@@ -71,6 +72,17 @@ def test_toggles_run_the_at_setting_and_each_change_with_method_and_reference_on
     assert values["toggles_max_ratio_ref"] == values["toggle_heavier_ratio_ref"]
     assert values["toggle_boost_delta"]["value"] == pytest.approx(0.4 * seeds.mean())
     assert values["toggle_boost_delta"]["n"] == 3
+    # a censored value is counted per toggle, so a bound is never read as an answer
+    assert table["censored"].to_dict() == {"none": 0, "heavier": 1, "boost": 0}
+    assert values["toggles_censored"] == 1
+
+
+def test_toggles_holds_counts_the_changes_not_the_untoggled_setting():
+    cfg = toy(toggles={"at": {"load": 2, "mix": "a"}, "changes": {"boost": {"boost": 1.4}}})
+    table = R.toggle_table(cfg, R.run_toggles(cfg, toy_cell, jobs=1))
+    assert list(table["headline_vs_ref"]) == ["holds", "holds"]  # 2x and 2.8x
+    values = R.toggle_claim_values(cfg, table)
+    assert values["toggles"] == 1 and values["toggles_holds"] == 1
 
 
 def test_a_map_without_toggles_runs_none():

@@ -48,23 +48,32 @@ def _snapshot(run) -> list:
             {"num_requests": 150},
             {"tiers": ["cpu=2GB@lru,link=pcie5"], "tier_model": "qwen2.5-1.5b"},
         ),
+        ("tool_agent", {"num_requests": 120}, {"include_output_blocks": False}),  # no answers
+        ("hash_ids", {}, {"block_size": 512, "replicas": 2, "router": "least_loaded"}),
     ],
 )
 def test_one_compiled_workload_serves_every_policy_as_a_fresh_compile_would(
     workload, params, extra
 ):
-    requests = make_workload(workload, seed=3, **params)
+    if workload == "hash_ids":  # a hash-id trace (CacheRoute's): answers are not cached
+        from skv.experiments.cacheroute.workloads import generate
+
+        requests = generate("aggregate", {"keys": 40, "num_requests": 200}, 20.0, 3)
+        assert requests[0].hash_ids is not None
+    else:
+        requests = make_workload(workload, seed=3, **params)
     shuffled = list(reversed(requests))  # compile_run orders by arrival, as simulate does
     policies = ["lru", "saecache", "vllm", "adaptive_semantic", "lru"]
     if "tiers" not in extra:  # a tier takes an online policy of the radix cache
         policies.insert(2, "belady")  # offline: it writes next uses, onto its own copy
     else:
         policies.remove("vllm")
-    base = SimConfig(policy="lru", capacity_blocks=300, **extra)
+    capacity = 60 if workload == "hash_ids" else 300
+    base = SimConfig(policy="lru", capacity_blocks=capacity, **extra)
     run = compile_run(shuffled, base)
     before = _snapshot(run)
     for policy in policies:
-        config = SimConfig(policy=policy, capacity_blocks=300, **extra)
+        config = SimConfig(policy=policy, capacity_blocks=capacity, **extra)
         assert _result(simulate(run, config, LATENCY)) == _result(
             simulate(requests, config, LATENCY)
         ), policy

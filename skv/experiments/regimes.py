@@ -72,7 +72,9 @@ class Toggles(BaseModel):
     setup undone or varied, on the map's seeds and cells (method and reference only: the
     ledger's effect is on the paper's comparison). A change's key is what a setting's key can
     be (an axis, or a workload parameter the study's cell reads by name) or ``config.<dotted
-    path>`` into the config the cell runs (:func:`with_paths`)."""
+    path>`` into the config the cell runs (:func:`with_paths`). A field the cell does not read
+    (the seeds: the map's own) changes nothing; each study's ``setting_config`` says what its
+    cell reads."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     at: dict[str, Any]
@@ -331,7 +333,8 @@ def run_toggles(cfg: RegimeConfig, cell: Cell, *, jobs: int | None = None) -> pd
 def toggle_table(cfg: RegimeConfig, rows: pd.DataFrame) -> pd.DataFrame:
     """Per toggle: what it changes, the method's ratio to ``reference`` (per seed, Student t;
     > 1: the method better) and its verdict against the headline, and the ratio's change from
-    the untoggled setting (paired per seed)."""
+    the untoggled setting (paired per seed); where cells record ``censored`` (a value that is
+    only a bound), how many of the toggle's values are."""
     if cfg.toggles is None or rows.empty:
         return pd.DataFrame()
 
@@ -356,6 +359,8 @@ def toggle_table(cfg: RegimeConfig, rows: pd.DataFrame) -> pd.DataFrame:
             "delta": delta["value"], "delta_low": delta["ci95"][0], "delta_high": delta["ci95"][1],
             "headline_vs_ref": _verdict(r["ci95"], cfg.headline, VERDICTS),
         })  # fmt: skip
+        if "censored" in rows:
+            out[-1]["censored"] = int(rows.loc[rows["toggle"] == name, "censored"].sum())
     return pd.DataFrame(out)
 
 
@@ -363,7 +368,9 @@ def toggle_claim_values(cfg: RegimeConfig, table: pd.DataFrame) -> dict[str, Any
     """``toggle_<name>_ratio_ref`` and ``toggle_<name>_delta`` (value, ci95, n) per toggle,
     ``toggles_max_ratio_ref`` the largest ratio to the reference over the toggles (the
     untoggled setting included) with its interval and ``..._at`` its toggle, and
-    ``toggles_holds`` how many toggles' intervals lie at or above the headline."""
+    ``toggles_holds`` how many changes' intervals lie at or above the headline (the untoggled
+    setting not counted, as in ``toggles``); ``toggles_censored`` the censored values, where
+    cells record them."""
     if table.empty:
         return {}
     n = len(cfg.seeds)
@@ -377,7 +384,10 @@ def toggle_claim_values(cfg: RegimeConfig, table: pd.DataFrame) -> dict[str, Any
     i = table["ratio_ref"].idxmax()
     values["toggles_max_ratio_ref"] = values[f"toggle_{table.loc[i, 'toggle']}_ratio_ref"]
     values["toggles_max_ratio_ref_at"] = str(table.loc[i, "toggle"])
-    values["toggles_holds"] = int((table["headline_vs_ref"] == "holds").sum())
+    changed = table[table["toggle"] != UNTOGGLED]
+    values["toggles_holds"] = int((changed["headline_vs_ref"] == "holds").sum())
+    if "censored" in table:
+        values["toggles_censored"] = int(table["censored"].sum())
     return values
 
 
@@ -438,6 +448,8 @@ def summary(cfg: RegimeConfig, rows: pd.DataFrame) -> pd.DataFrame:
                 f"{m}_diff_low": diff["ci95"][0],
                 f"{m}_diff_high": diff["ci95"][1],
             }
+        if "censored" in d:  # cells that record values that are only bounds
+            extra["censored"] = int(d["censored"].sum())
         out.append(
             {
                 **key,

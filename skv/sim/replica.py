@@ -57,7 +57,7 @@ class RequestState:
         self.chunk = 0  # prefill tokens scheduled in the current iteration
         self.seq = 0  # admission order on its replica
         self.decode_from = 0  # the replica iteration that produced the first token
-        self.ext_rb = None  # prompt + answer blocks (see engine._plan_output_blocks)
+        self.ext_rb = None  # prompt + answer blocks (see engine._answer_blocks)
         self.ext_start = 0
 
     def __repr__(self) -> str:

@@ -106,12 +106,15 @@ def shared_point(cfg: S.CacheRouteConfig, wi: int, ri: int, seed: int, rate: flo
 
 
 def cell(cfg: RouteRegimeConfig, setting: dict[str, Any], seed: int) -> dict[str, dict[str, float]]:
-    """Every router's max QPS at the SLO on the setting's seeded workload (one search each)."""
+    """Every router's max QPS at the SLO on the setting's seeded workload (one search each);
+    ``censored`` is 1 when the search met the SLO at its highest rate or missed it at its
+    lowest (the QPS is then a bound, not the answer)."""
     run = setting_config(cfg, setting)
     out = {}
     for ri, router in enumerate(run.routers):
         res = S.search(run, 0, ri, seed, point=shared_point)
         out[router.key] = {m: float(res["qps"] if m == "qps" else res["at"][m]) for m in METRICS}
+        out[router.key]["censored"] = float(res["above_hi"] or res["below_lo"])
     return out
 
 

@@ -3,6 +3,8 @@ the config, the summary and claim values, and the sweep executor."""
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 from pathlib import Path
 
@@ -249,6 +251,47 @@ def _analytic_config(**extra):
     })  # fmt: skip
 
 
+def _fresh_point_cache(monkeypatch) -> None:
+    """A point cache of the test's own: ``generate`` swapped for a test must not leave its
+    requests in the process-wide one (nor find another test's there)."""
+    monkeypatch.setattr(S, "point_requests", functools.lru_cache(maxsize=12)(
+        S.point_requests.__wrapped__))  # fmt: skip
+
+
+def test_routers_searching_one_workload_and_seed_share_its_points(monkeypatch):
+    """run_qps groups routers per (workload, seed): a rate two routers probe is generated once,
+    and every router's answer is the one its own search gives with nothing shared."""
+    monkeypatch.delenv("SKV_DASK", raising=False)
+    calls = []
+
+    def counted(name, params, rate, seed):
+        calls.append((rate, seed))
+        return generate(name, params, rate, seed)
+
+    monkeypatch.setattr(S, "generate", counted)
+    _fresh_point_cache(monkeypatch)
+    cfg = S.CacheRouteConfig.model_validate({
+        "id": "shared", "workloads": [{"name": "aggregate", "params": {"keys": 60}}],
+        "cluster": {"replicas": 2, "capacity_blocks": 400},
+        "routers": [{"name": "least_loaded"}, {"name": "round_robin"},
+                    {"name": "consistent_hashing", "params": {"prefix_blocks": 2}}],
+        "seeds": [0, 1], "slo_ms": 3500, "warmup_s": 5, "measured_requests": 300,
+        "search": {"lo": 2.0, "hi": 8.0, "rel_tol": 0.1, "max_doublings": 2},
+    })  # fmt: skip
+    qps, points = S.run_qps(cfg, jobs=1)
+    assert list(zip(qps["router"], qps["seed"], strict=True)) == [
+        (r, s) for r in ("least_loaded", "round_robin", "consistent_hashing") for s in (0, 1)
+    ]
+    assert len(calls) == len(set(calls)) < len(points)  # each (rate, seed) generated once
+    for ri, seed in itertools.product(range(3), (0, 1)):
+        _fresh_point_cache(monkeypatch)  # nothing shared
+        alone = S.search(cfg, 0, ri, seed)
+        row = qps[(qps["router"] == cfg.routers[ri].key) & (qps["seed"] == seed)].iloc[0]
+        assert row["qps"] == alone["qps"] and row["hit_rate"] == alone["at"]["hit_rate"]
+    assert S._router_groups(11) == [tuple(range(6)), tuple(range(6, 11))]
+    assert S._router_groups(1) == [(0,)]
+
+
 @pytest.mark.parametrize("q", [99.0, 90.0])
 def test_the_study_search_finds_the_hand_computed_rate_of_the_percentile_the_config_names(
     monkeypatch, q
@@ -260,6 +303,7 @@ def test_the_study_search_finds_the_hand_computed_rate_of_the_percentile_the_con
     met the SLO, within rel_tol (1%) below the crossing."""
     monkeypatch.delenv("SKV_DASK", raising=False)
     monkeypatch.setattr(S, "generate", _even_requests)
+    _fresh_point_cache(monkeypatch)
     flat = make_latency_model("linear", base_ttft_ms=_C_MS, token_latency_ms=0.0,
                               decode_ms_per_seq=0.0)  # fmt: skip
     monkeypatch.setattr(ClusterSpec, "latency", lambda self: flat)

@@ -31,6 +31,7 @@ overestimated near the knee, the same way for every router.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -38,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from skv.latency import make_latency_model
 from skv.latency.gpus import get_gpu
-from skv.sim import SimConfig, simulate
+from skv.sim import CompiledRun, SimConfig, compile_run, simulate
 from skv.sizing import get_model
 
 log = logging.getLogger(__name__)
@@ -80,23 +81,17 @@ class ClusterSpec(BaseModel):
         return max(1, int(budget / preset.kv_bytes_per_token // block_tokens))
 
 
-def simulate_point(
-    requests: list,
+def point_config(
+    requests: Sequence[Any],
     cluster: ClusterSpec,
     router: str,
     router_params: dict[str, Any],
-    *,
-    warmup_s: float = 60.0,
     router_view: str = "exact",
-    slo_percentile: float = 99.0,
-) -> dict[str, float]:
-    """Serve ``requests`` on the cluster with ``router``; metrics over the requests arriving
-    at or after ``warmup_s`` (seconds from the first arrival). ``ttft_ms_slo`` is the TTFT
-    percentile the SLO is on (``slo_percentile``, default the p99)."""
-    if not warmup_s >= 0:
-        raise ValueError(f"warmup_s must be >= 0, got {warmup_s}")
+) -> SimConfig:
+    """The simulator settings of one point: the cluster's caches and batches, the router, and
+    the requests' own block size (hash-id blocks)."""
     block_tokens = requests[0].hash_block_size or 16
-    config = SimConfig(
+    return SimConfig(
         policy=cluster.policy,
         capacity_blocks=cluster.kv_capacity_blocks(block_tokens),
         block_size=block_tokens,
@@ -109,6 +104,32 @@ def simulate_point(
         policy_metrics_every=0,
         router_view=router_view,
     )
+
+
+def compile_point(requests: Sequence[Any]) -> CompiledRun:
+    """``requests`` compiled as :func:`simulate_point` serves them on any cluster with any
+    router (a compile depends on the block size only): one compile serves every router."""
+    return compile_run(requests, point_config(requests, ClusterSpec(), "round_robin", {}))
+
+
+def simulate_point(
+    requests: Sequence[Any] | CompiledRun,
+    cluster: ClusterSpec,
+    router: str,
+    router_params: dict[str, Any],
+    *,
+    warmup_s: float = 60.0,
+    router_view: str = "exact",
+    slo_percentile: float = 99.0,
+) -> dict[str, float]:
+    """Serve ``requests`` (or their :func:`compile_point`) on the cluster with ``router``;
+    metrics over the requests arriving at or after ``warmup_s`` (seconds from the first
+    arrival). ``ttft_ms_slo`` is the TTFT percentile the SLO is on (``slo_percentile``,
+    default the p99)."""
+    if not warmup_s >= 0:
+        raise ValueError(f"warmup_s must be >= 0, got {warmup_s}")
+    reqs = requests.requests if isinstance(requests, CompiledRun) else requests
+    config = point_config(reqs, cluster, router, router_params, router_view)
     res = simulate(requests, config, cluster.latency(), progress=False)
     t0 = res.requests[0]["arrival_s"]
     rows = [r for r in res.requests if r["arrival_s"] - t0 >= warmup_s]

@@ -18,6 +18,8 @@ seeds, picked per workload.
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -28,7 +30,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from skv.experiments.cacheroute.cluster import ClusterSpec, simulate_point
+from skv.experiments.cacheroute.cluster import ClusterSpec, compile_point, simulate_point
 from skv.experiments.cacheroute.workloads import WORKLOADS, generate, needs_traces
 from skv.experiments.plotstyle import (
     GREY_LINE,
@@ -42,6 +44,7 @@ from skv.experiments.slo_search import max_qps
 from skv.experiments.stats import interval
 from skv.experiments.sweep import run_sweep
 from skv.routing import make_router
+from skv.sim import CompiledRun
 
 CANDIDATE = "cacheroute"
 #: tokens per hash block of every cluster workload (the Mooncake trace's, and the generated ones')
@@ -180,11 +183,20 @@ def num_requests(cfg: CacheRouteConfig, rate: float) -> int:
     return math.ceil(rate * cfg.warmup_s) + cfg.measured_requests
 
 
+@functools.lru_cache(maxsize=12)
+def point_requests(name: str, params_json: str, rate: float, seed: int) -> CompiledRun:
+    """One point's requests, generated and compiled once for every router that probes the same
+    (workload, seed, rate) in this process: with common random numbers the routers' searches
+    share their first rates (the bracket's ends and early midpoints). Kept: the last 12 (about
+    30 MB each at the full run's sizes)."""
+    return compile_point(generate(name, json.loads(params_json), rate, seed))
+
+
 def point_at(cfg: CacheRouteConfig, wi: int, ri: int, seed: int, rate: float) -> dict[str, Any]:
     """One simulated point of router ``ri`` on workload ``wi``: what :func:`search` bisects on."""
     w, r = cfg.workloads[wi], cfg.routers[ri]
     params = {**w.params, "num_requests": num_requests(cfg, rate)}
-    requests = generate(w.name, params, rate, seed)
+    requests = point_requests(w.name, json.dumps(params, sort_keys=True), rate, seed)
     return simulate_point(
         requests,
         cfg.cluster,
@@ -215,10 +227,23 @@ def search(
     )
 
 
-def _search_task(task: tuple[CacheRouteConfig, int, int, int]) -> dict[str, Any]:
-    cfg, wi, ri, seed = task
-    w, r = cfg.workloads[wi], cfg.routers[ri]
-    return {"workload": w.key, "router": r.key, "seed": seed, **search(cfg, wi, ri, seed)}
+def _search_task(task: tuple[CacheRouteConfig, int, tuple[int, ...], int]) -> list[dict[str, Any]]:
+    """Several routers' searches on one (workload, seed): one process, so their shared rates
+    are generated and compiled once (:func:`point_requests`)."""
+    cfg, wi, ris, seed = task
+    w = cfg.workloads[wi]
+    return [
+        {"workload": w.key, "router": cfg.routers[ri].key, "seed": seed,
+         **search(cfg, wi, ri, seed)}
+        for ri in ris
+    ]  # fmt: skip
+
+
+def _router_groups(n: int, groups: int = 2) -> list[tuple[int, ...]]:
+    """Router indices in ``groups`` runs of consecutive ones (a task each: enough tasks per
+    seed to keep two workers busy, routers enough per task to share points)."""
+    size = max(1, math.ceil(n / groups))
+    return [tuple(range(i, min(n, i + size))) for i in range(0, n, size)]
 
 
 def _load_task(task: tuple[CacheRouteConfig, int, int, int, float]) -> dict[str, Any]:
@@ -232,12 +257,16 @@ def run_qps(cfg: CacheRouteConfig, *, jobs: int | None = None) -> tuple[pd.DataF
     """Max QPS at the SLO for every (workload, router, seed): one row each (``qps``, the
     metrics at that rate, flags), and every evaluated point (``points``)."""
     tasks = [
-        (cfg, wi, ri, seed)
+        (cfg, wi, ris, seed)
         for wi in range(len(cfg.workloads))
-        for ri in range(len(cfg.routers))
         for seed in cfg.seeds
+        for ris in _router_groups(len(cfg.routers))
     ]
-    out = run_sweep(_search_task, tasks, jobs=jobs, label=f"{cfg.id} QPS search")
+    done = run_sweep(_search_task, tasks, jobs=jobs, label=f"{cfg.id} QPS search")
+    by = {(r["workload"], r["router"], r["seed"]): r for part in done for r in part}
+    out = [
+        by[w.key, r.key, seed] for w in cfg.workloads for r in cfg.routers for seed in cfg.seeds
+    ]  # the table's order: workload, router, seed
     rows, points = [], []
     for res in out:
         base = {k: res[k] for k in ("workload", "router", "seed")}

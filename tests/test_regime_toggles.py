@@ -68,6 +68,7 @@ def test_toggles_run_the_at_setting_and_each_change_with_method_and_reference_on
     assert table.loc["boost", "change"] == "boost = 1.4"
     values = R.toggle_claim_values(cfg, table.reset_index())
     assert values["toggles"] == 2 and values["toggles_holds"] == 1
+    assert values["toggles_at"] == "load 1, mix a"
     assert values["toggles_max_ratio_ref_at"] == "heavier"
     assert values["toggles_max_ratio_ref"] == values["toggle_heavier_ratio_ref"]
     assert values["toggle_boost_delta"]["value"] == pytest.approx(0.4 * seeds.mean())

@@ -370,11 +370,12 @@ def toggle_claim_values(cfg: RegimeConfig, table: pd.DataFrame) -> dict[str, Any
     untoggled setting included) with its interval and ``..._at`` its toggle, and
     ``toggles_holds`` how many changes' intervals lie at or above the headline (the untoggled
     setting not counted, as in ``toggles``); ``toggles_censored`` the censored values, where
-    cells record them."""
-    if table.empty:
+    cells record them; ``toggles_at`` the untoggled setting, in words."""
+    if cfg.toggles is None or table.empty:
         return {}
     n = len(cfg.seeds)
-    values: dict[str, Any] = {"toggles": len(table) - 1}
+    at = ", ".join(f"{cfg.name(k)} {axis_label(v)}" for k, v in cfg.toggles.at.items())
+    values: dict[str, Any] = {"toggles": len(table) - 1, "toggles_at": at}
     for _, t in table.iterrows():
         for col in ("ratio_ref", "delta"):
             values[f"toggle_{t['toggle']}_{col}"] = {

@@ -9,23 +9,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_regimes import BASE as REGIME_BASE
 
 from skv.experiments import regimes as R
 
 REPO = Path(__file__).resolve().parents[1]
 
+#: test_regimes' toy map on two axes, with toggles
 BASE = {
-    "id": "toy",
-    "seeds": [0, 1, 2],
+    **REGIME_BASE,
     "axes": {"load": [1, 2], "mix": ["a", "b"]},
-    "method": "m",
-    "baselines": ["ref", "other"],
-    "reference": "ref",
-    "metric": "ttft",
-    "better": "lower",
-    "headline": 1.4,
-    "rows": "mix",
-    "cols": "load",
     "toggles": {
         "at": {"load": 1, "mix": "a"},
         "changes": {"heavier": {"load": 2}, "boost": {"boost": 1.4}},

@@ -342,18 +342,17 @@ def toggle_table(cfg: RegimeConfig, rows: pd.DataFrame) -> pd.DataFrame:
         d = rows[rows["toggle"] == name]
         m = d[d["policy"] == cfg.method].sort_values("seed")[cfg.metric].to_numpy(float)
         r = d[d["policy"] == cfg.reference].sort_values("seed")[cfg.metric].to_numpy(float)
-        return r / m if cfg.better == "lower" else m / r
+        return _method_ratio(cfg, m, r)
 
     base = per_seed(UNTOGGLED)
     out = []
     for name, setting in cfg.toggle_settings():
         ratio = per_seed(name)
         r, delta = interval(list(ratio)), interval(list(ratio - base))
-        change = {k: v for k, v in setting.items() if name != UNTOGGLED and k in
-                  cfg.toggles.changes[name]}  # fmt: skip
+        change = cfg.toggles.changes.get(name, {})  # none for the untoggled setting
         out.append({
             "toggle": name,
-            "change": "; ".join(f"{k} = {axis_label(v)}" for k, v in change.items())
+            "change": "; ".join(f"{k} = {axis_label(v)}" for k, v in setting.items() if k in change)
             or "as at: " + ", ".join(f"{k} {axis_label(v)}" for k, v in setting.items()),
             "ratio_ref": r["value"], "ratio_ref_low": r["ci95"][0], "ratio_ref_high": r["ci95"][1],
             "delta": delta["value"], "delta_low": delta["ci95"][0], "delta_high": delta["ci95"][1],
@@ -399,6 +398,12 @@ def _task(
     return [cell(cfg, setting, seed) for setting in settings]
 
 
+def _method_ratio(cfg: RegimeConfig, method: np.ndarray, base: np.ndarray) -> np.ndarray:
+    """Per seed, how many times better the method's metric is than a baseline's (> 1: the
+    method better): ``base / method`` for a metric where lower is better, else the inverse."""
+    return base / method if cfg.better == "lower" else method / base
+
+
 def _verdict(ci: Sequence[float], threshold: float, words: tuple[str, str, str]) -> str:
     """``words[0]`` when the interval lies at or above ``threshold`` (strictly above for
     parity: an interval of exactly 1 is a tie), ``words[2]`` below it, else ``words[1]``."""
@@ -429,8 +434,7 @@ def summary(cfg: RegimeConfig, rows: pd.DataFrame) -> pd.DataFrame:
         best = pick(cfg.baselines, key=lambda p: (means[p], cfg.baselines.index(p)))
 
         def ratio(base: str, per: dict[str, np.ndarray] = per) -> dict[str, Any]:
-            num, den = per[base], per[cfg.method]
-            return interval(list(num / den if cfg.better == "lower" else den / num))
+            return interval(list(_method_ratio(cfg, per[cfg.method], per[base])))
 
         r_best, r_ref = ratio(best), ratio(cfg.reference)
         extra: dict[str, Any] = {}
@@ -499,7 +503,6 @@ def claim_values(cfg: RegimeConfig, rows: pd.DataFrame, table: pd.DataFrame) -> 
         "seeds": len(cfg.seeds),
         "headline": f"{cfg.headline:g}",
     }
-    lower = cfg.better == "lower"
     for scope, t in (("all", table), ("paper", table[table["paper_setup"]])):
         for versus in ("ref", "best"):
             col = f"headline_vs_{versus}"
@@ -525,7 +528,7 @@ def claim_values(cfg: RegimeConfig, rows: pd.DataFrame, table: pd.DataFrame) -> 
                 base = cfg.reference if versus == "ref" else row["best_baseline"]
                 b = _seed_values(cfg, rows, row, base, cfg.metric)
                 m = _seed_values(cfg, rows, row, cfg.method, cfg.metric)
-                logs.append(np.log(b / m if lower else m / b))
+                logs.append(np.log(_method_ratio(cfg, m, b)))
             per_seed = np.exp(np.mean(logs, axis=0))
             values[f"{scope}_geomean_ratio_{versus}"] = interval(list(per_seed))
         for m in cfg.secondary:

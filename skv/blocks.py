@@ -130,13 +130,17 @@ def request_blocks(
     index: int = 0,
     salt_by_tenant: bool = False,
     chains: dict | None = None,
+    segment_keys: dict | None = None,
 ) -> RequestBlocks:
     """Turn a request into blocks with keys; see the module docstring for the keying rules.
 
     ``chains``: a dict shared across the calls for one trace (``compile_trace`` passes one),
     holding each session's last hash-id chain: a turn that repeats its session's previous
     prompt copies those keys instead of hashing them again (prefix keying; the keys are the
-    same either way, since a prefix key depends only on the root and the ids up to it)."""
+    same either way, since a prefix key depends only on the root and the ids up to it).
+    ``segment_keys``: likewise shared, the keys of each segment that restarts a chain
+    (segment keying: they depend only on the root, the segment and the block size), so a
+    document seen before is not hashed again."""
     if mode.__class__ is not KeyingMode:
         mode = KeyingMode(mode)
     salt = request.tenant_id if salt_by_tenant else None
@@ -149,7 +153,9 @@ def request_blocks(
     elif mode is KeyingMode.PREFIX:
         keys, parents, tokens, stypes, seg_tokens = _prefix_blocks(request, block_size, salt)
     else:
-        keys, parents, tokens, stypes, seg_tokens = _segment_blocks(request, block_size, salt)
+        keys, parents, tokens, stypes, seg_tokens = _segment_blocks(
+            request, block_size, salt, segment_keys
+        )
     return RequestBlocks(
         index=index,
         arrival_s=request.arrival_s,
@@ -202,6 +208,7 @@ def iter_blocks(
     """:func:`compile_trace` one request at a time (a consumer that keeps less than every
     request's lists, such as ``skv.compact_trace.CompactTrace``, stays small)."""
     chains: dict = {}
+    segment_keys: dict = {}
     mode = KeyingMode(mode)
     for i, r in enumerate(requests):
         yield request_blocks(
@@ -211,6 +218,7 @@ def iter_blocks(
             index=i,
             salt_by_tenant=salt_by_tenant,
             chains=chains,
+            segment_keys=segment_keys,
         )
 
 
@@ -321,8 +329,9 @@ def _prefix_blocks(request: Request, block_size: int, salt: str | None):
     return keys, parents, tokens, stypes, seg_tokens
 
 
-def _segment_blocks(request: Request, block_size: int, salt: str | None):
-    """Segment-aligned blocks; reusable segments restart the chain from the (salted) root."""
+def _segment_blocks(request: Request, block_size: int, salt: str | None, memo: dict | None = None):
+    """Segment-aligned blocks; reusable segments restart the chain from the (salted) root.
+    ``memo``: (root, segment id, tokens, block size) -> the keys of a restarting segment."""
     root = _root(salt)
     keys: list[int] = []
     parents: list[int | None] = []
@@ -335,16 +344,32 @@ def _segment_blocks(request: Request, block_size: int, salt: str | None):
         parent: int | None = None if restart else prev
         chain = root if restart else prev
         st = TYPE_INDEX[seg.stype]
-        for off in range(0, seg.num_tokens, block_size):
-            n = min(block_size, seg.num_tokens - off)
-            key = hash((chain, sid, off, n)) & _MASK64
-            keys.append(key)
-            parents.append(parent)
-            tokens.append(n)
-            stypes.append(st)
-            seg_tokens.append(seg.num_tokens)
-            parent = chain = key
-        prev = chain if seg.num_tokens else prev
+        n_tok = seg.num_tokens
+        known = memo.get((root, sid, n_tok, block_size)) if restart and memo is not None else None
+        if known is not None:
+            nb = len(known)
+            keys += known
+            parents.append(None)
+            parents += known[: nb - 1]
+            tokens += [block_size] * (nb - 1)
+            tokens.append(n_tok - block_size * (nb - 1))
+            stypes += [st] * nb
+            seg_tokens += [n_tok] * nb
+            chain = known[nb - 1]
+        else:
+            first = len(keys)
+            for off in range(0, n_tok, block_size):
+                n = min(block_size, n_tok - off)
+                key = hash((chain, sid, off, n)) & _MASK64
+                keys.append(key)
+                parents.append(parent)
+                tokens.append(n)
+                stypes.append(st)
+                seg_tokens.append(n_tok)
+                parent = chain = key
+            if restart and memo is not None and n_tok:
+                memo[(root, sid, n_tok, block_size)] = keys[first:]
+        prev = chain if n_tok else prev
     return keys, parents, tokens, stypes, seg_tokens
 
 

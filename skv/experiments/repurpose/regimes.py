@@ -95,37 +95,36 @@ def workload_params(cfg: RepurposeRegimeConfig, setting: dict[str, Any], seed: i
 @dataclass(frozen=True)
 class Keyed:
     """One keying's compiled trace with what every replay of it reads: its totals
-    (:func:`skv.replay.trace_totals`) and :func:`head_share`, computed once (:func:`keyed`)."""
+    (:func:`skv.replay.trace_totals`), :func:`head_share` and each request's chain starts
+    (:func:`.study.chain_starts`), computed once (:func:`keyed`)."""
 
     trace: Any
     totals: Any
     head_share: float
+    starts: list[list[int]]
 
 
 def keyed(trace: Any) -> Keyed:
     from skv.replay import trace_totals
 
     totals = trace_totals(trace)
-    return Keyed(trace, totals, head_share(trace, totals.prompt_tokens))
+    return Keyed(trace, totals, head_share(trace, totals), S.chain_starts(trace))
 
 
 def replay(k: Keyed, policy: str, capacity: int) -> dict[str, float]:
     """One keying's replay: the token hit rate and, for a request's leading hit run, how many
     of its tokens are document blocks and how many come before them."""
-    chains, stats = S.chain_hits(k.trace, policy, capacity)
+    chains, stats = S.chain_hits(k.trace, policy, capacity, k.starts)
     doc_hits = 0
+    single = True
     for rb, hits in zip(k.trace, chains, strict=True):
         if len(hits) == 1:  # one chain (prefix keying): its hits are its first blocks
-            left = hits[0]
-            for t, st in zip(rb.tokens, rb.stypes, strict=True):
-                if left <= 0:
-                    break
-                if st == DOC:
-                    doc_hits += min(t, left)
-                left -= t
+            if hits[0] > 0:
+                doc_hits += _doc_tokens(rb, hits[0])
+        else:
+            single = False
     prompt = k.totals.prompt_tokens
     hit = stats.hit_tokens
-    single = all(len(h) == 1 for h in chains)
     return {
         "token_hit_rate": hit / prompt,
         "doc_hit_rate": doc_hits / prompt if single else float("nan"),
@@ -134,18 +133,33 @@ def replay(k: Keyed, policy: str, capacity: int) -> dict[str, float]:
     }
 
 
-def head_share(trace: Any, prompt_tokens: int) -> float:
-    """The share of the ``prompt_tokens`` that are neither documents nor a request's question
-    (its trailing run of user-query blocks): what precedes or follows the documents and can
-    recur. A property of the workload and keying, not of the cache."""
-    head = 0
+def _doc_tokens(rb: Any, hit: int) -> int:
+    """Document tokens among the first ``hit`` tokens of ``rb``'s blocks (the last block
+    partly, when ``hit`` ends inside it)."""
+    doc = 0
+    left = hit
+    for t, st in zip(rb.tokens, rb.stypes, strict=True):
+        if left <= 0:
+            break
+        if st == DOC:
+            doc += min(t, left)
+        left -= t
+    return doc
+
+
+def head_share(trace: Any, totals: Any) -> float:
+    """The share of the prompt tokens (``totals``: :func:`skv.replay.trace_totals` of
+    ``trace``) that are neither documents nor a request's question (its trailing run of
+    user-query blocks): what precedes or follows the documents and can recur. A property of
+    the workload and keying, not of the cache."""
+    head = sum(totals.tokens_by_type) - totals.tokens_by_type[DOC]  # every block's tokens
     for rb in trace:
-        head += sum(t for t, st in zip(rb.tokens, rb.stypes, strict=True) if st != DOC)
-        for t, st in zip(reversed(rb.tokens), reversed(rb.stypes), strict=True):
-            if st != QUESTION:
-                break
-            head -= t
-    return head / prompt_tokens
+        stypes, tokens = rb.stypes, rb.tokens
+        i = len(stypes) - 1
+        while i >= 0 and stypes[i] == QUESTION:
+            head -= tokens[i]
+            i -= 1
+    return head / totals.prompt_tokens
 
 
 @functools.lru_cache(maxsize=1)

@@ -138,7 +138,19 @@ def load_config(path: str | Path, *, quick: bool) -> RepurposeConfig:
 
 def chain_starts(trace: Sequence[Any]) -> list[list[int]]:
     """Per request, the index of each block that starts a chain (no parent)."""
-    return [[i for i, p in enumerate(rb.parents) if p is None] for rb in trace]
+    return [_none_at(rb.parents) for rb in trace]
+
+
+def _none_at(items: list) -> list[int]:
+    """The indices of ``items`` that are ``None``, found by ``list.index`` (a C scan)."""
+    out: list[int] = []
+    i = -1
+    try:
+        while True:
+            i = items.index(None, i + 1)
+            out.append(i)
+    except ValueError:
+        return out
 
 
 def chain_hits(
@@ -170,31 +182,34 @@ def chain_hits(
 def _request_chains(
     cache: Any, blocks: dict, rb: Any, st: list[int], capacity_blocks: int
 ) -> list[int]:
-    """One request through ``cache``: the hit tokens of each of its chains."""
+    """One request through ``cache``: the hit tokens of each of its chains.
+
+    Before the access, chain ``c`` can hit its leading run of cached blocks, ``found[st[c]:
+    runs[c]]`` (the blocks are looked up at C speed, ``map(blocks.get, ...)``)."""
     keys, tokens = rb.keys, rb.tokens
-    ends = [*st[1:], len(keys)]
-    pre: list[tuple[int, int, Any]] = []
-    chains = [0] * len(st)
-    for c in range(len(st)):
-        i, e = st[c], ends[c]
-        while i < e:
-            b = blocks.get(keys[i])
-            if b is None:
-                break
-            pre.append((c, i, b))
-            chains[c] += tokens[i]
-            i += 1
+    n = len(keys)
+    found = list(map(blocks.get, keys))
+    ends = [*st[1:], n]  # one longer than ``st`` when the request has no blocks
+    runs = [_run_end(found, s, e) for s, e in zip(st, ends, strict=False)]
+    chains = [sum(tokens[s:r]) for s, r in zip(st, runs, strict=True)]
     lease = cache.access(rb, rb.arrival_s)
     if lease.hit_tokens == sum(chains):
         return chains
     held = lease.blocks
-    if len(held) != len(keys):  # part of the request could not be cached
+    if len(held) != n:  # part of the request could not be cached
         raise RuntimeError(f"request {rb.index}: capacity {capacity_blocks} blocks cannot hold it")
-    chains = [0] * len(st)
-    for c, i, b in pre:
-        if held[i] is b:
-            chains[c] += tokens[i]
-    return chains
+    return [
+        sum(tokens[i] for i in range(s, r) if held[i] is found[i])
+        for s, r in zip(st, runs, strict=True)
+    ]
+
+
+def _run_end(found: list, start: int, end: int) -> int:
+    """The first index in ``[start, end)`` with no cached block (``None``), else ``end``."""
+    try:
+        return found.index(None, start, end)
+    except ValueError:
+        return end
 
 
 def recompute_tokens(chains: Sequence[int], scheme: str, epic_k: int, share: float) -> int:

@@ -44,6 +44,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
 from skv.blocks import RequestBlocks
@@ -388,16 +389,15 @@ class LoadPricer:
         parents = rb.parents
         n = len(where)
         total = 0.0
-        before = 0  # prompt tokens before block i
-        computed_after = [0] * (n + 1)  # tokens computed anyway from block i on
-        for x in range(n - 1, -1, -1):
-            computed_after[x] = computed_after[x + 1] + (tokens[x] if where[x] < 0 else 0)
-        i = 0
-        while i < n:
-            if where[i] < 1:
-                before += tokens[i]
-                i += 1
+        # prompt tokens before block x, and tokens computed anyway from block x on
+        before_at = [0, *accumulate(tokens)]
+        computed = [tok if w < 0 else 0 for w, tok in zip(where, tokens, strict=True)]
+        computed_after = [*accumulate(reversed(computed), initial=0)][::-1]
+        j = 0
+        for i in [x for x, w in enumerate(where) if w >= 1]:
+            if i < j:  # inside the run just decided
                 continue
+            before = before_at[i]
             # segments of this run, from block i to the run's last usable block
             segs: list[tuple[int, int, int, int]] = []  # (start, stop, tier, tokens)
             j = i
@@ -433,10 +433,7 @@ class LoadPricer:
                 else:
                     st.recomputed_segments[t] += 1
                     st.recomputed_tokens[t] += tok
-                    for x in range(a, b):
-                        where[x] = -1
-            before += run_tokens
-            i = j
+                    where[a:b] = [-1] * (b - a)
         st.load_ms += total
         return total
 
@@ -580,33 +577,16 @@ class TieredCache:
         keys, parents, tokens, stypes = rb.keys, rb.parents, rb.tokens, rb.stypes
         for store in tiers:  # sessions, turns: what session-aware policies learn from
             store.policy.on_request(rb, now)
-        where: list[int] = []
-        in_run = False
-        seen: set[object] = set()  # a key met again in this request: tier 0 holds it by then
-        for key, parent in zip(keys, parents, strict=True):
-            if parent is None:
-                in_run = True
-            t = -1
-            if in_run:
-                if key in cached or key in seen:
-                    t = 0
-                else:
-                    for k in range(n_low):
-                        if key in tiers[k].blocks:
-                            t = k + 1
-                            break
-                    if t < 0:
-                        in_run = False
-            where.append(t)
-            seen.add(key)
+        where = self._classify(keys, parents)
         del self._evicted[:]
         lease = top.acquire(rb, now)
         evicted = self._evicted
         # tier-0 blocks evicted before this request reached them, and blocks tier 0 could not
-        # cache (a request larger than it): a load must land in GPU memory, else it is computed
+        # cache (a request larger than it): a load must land in GPU memory, else it is computed.
+        # Without either, the pass below changes nothing.
         short = len(lease.blocks) != len(keys)
-        if evicted or short:
-            gone = {b.key for b in evicted}
+        gone = {b.key for b in evicted}
+        if short or not gone.isdisjoint(keys):
             in_run = False
             for i, key in enumerate(keys):
                 if parents[i] is None:
@@ -624,41 +604,75 @@ class TieredCache:
         st.requests += 1
         st.prompt_tokens += rb.prompt_tokens
         st.block_accesses += len(keys)
-        top_hits = 0
-        hit_blocks = hit_tokens = 0
-        for i, t in enumerate(where):
+        blocks_at = [0] * (n_low + 1)  # this request's hits per tier
+        tokens_at = [0] * (n_low + 1)
+        tokens_by_type, blocks_by_type = st.hit_tokens_by_type, self._hit_blocks_by_type
+        move = self.load == "move"
+        for key, t, tok, stype in zip(keys, where, tokens, stypes, strict=True):
             if t < 0:
                 continue
-            tok = tokens[i]
-            hit_blocks += 1
-            hit_tokens += tok
-            st.hit_blocks[t] += 1
-            st.hit_tokens[t] += tok
-            st.hit_tokens_by_type[stypes[i]] += tok
-            self._hit_blocks_by_type[stypes[i]] += 1
-            if t == 0:
-                top_hits += 1
-                continue
-            for link in range(1, t + 1):  # up every link from tier t to tier 0
-                st.loaded_blocks[link] += 1
-                st.loaded_tokens[link] += tok
-            store = tiers[t - 1]
-            if self.load == "move" and keys[i] in cached:
-                store.remove(keys[i])
-            else:
-                store.touch(keys[i], now)
+            blocks_at[t] += 1
+            tokens_at[t] += tok
+            tokens_by_type[stype] += tok
+            blocks_by_type[stype] += 1
+            if t:
+                store = tiers[t - 1]
+                if move and key in cached:
+                    store.remove(key)
+                else:
+                    store.touch(key, now)
+        for t in range(n_low + 1):
+            st.hit_blocks[t] += blocks_at[t]
+            st.hit_tokens[t] += tokens_at[t]
+            if t:  # a load from tier t crosses every link from tier t up to tier 0
+                st.loaded_blocks[t] += sum(blocks_at[t:])
+                st.loaded_tokens[t] += sum(tokens_at[t:])
+        top_hits = blocks_at[0]
+        hit_blocks, hit_tokens = sum(blocks_at), sum(tokens_at)
         if top_hits != lease.hit_blocks:
             raise AssertionError(
                 f"request {rb.index}: tier 0 served {lease.hit_blocks} blocks, the tier "
                 f"classification says {top_hits}"
             )
         if self.write == "through":
-            for i, t in enumerate(where):
-                if t < 0 and keys[i] in cached:  # computed and cached: write it down
-                    self._write_through(cached[keys[i]], now)
+            get = cached.get
+            for key, t in zip(keys, where, strict=True):
+                if t < 0:
+                    b = get(key)
+                    if b is not None:  # computed and cached: write it down
+                        self._write_through(b, now)
         self._demote(now)
         self._pending_load_ms += load_ms
         return TierLease(lease, where, hit_blocks, hit_tokens, load_ms)
+
+    def _classify(self, keys: list, parents: list) -> list[int]:
+        """Per block, the highest tier holding it (0: GPU memory) while its lookup run lasts,
+        else -1; a key met again in the request counts as in tier 0 (it is by then)."""
+        cached = self.top.blocks
+        stores = [store.blocks for store in self.tiers]
+        where: list[int] = []
+        append = where.append
+        in_run = False
+        repeats = len(set(keys)) != len(keys)
+        seen: set[object] = set()
+        for key, parent in zip(keys, parents, strict=True):
+            if parent is None:
+                in_run = True
+            if not in_run:
+                append(-1)
+            elif key in cached or (repeats and key in seen):
+                append(0)
+            else:
+                for k, store in enumerate(stores, 1):
+                    if key in store:
+                        append(k)
+                        break
+                else:
+                    append(-1)
+                    in_run = False
+            if repeats:
+                seen.add(key)
+        return where
 
     def extend(self, lease: TierLease, rb: RequestBlocks, start: int, now: float) -> None:
         """Tier 0 grows the request by its answer's blocks (computed: written down under
@@ -677,9 +691,10 @@ class TieredCache:
         self._demote(now)
 
     def _write_through(self, b: Block, now: float) -> None:
-        for k in range(len(self.tiers)):
-            if b.key not in self.tiers[k].blocks:
-                self._store(k, b.key, b.stype, b.tokens, b.req, now)
+        key = b.key
+        for k, tier in enumerate(self.tiers):
+            if key not in tier.blocks:
+                self._store(k, key, b.stype, b.tokens, b.req, now)
 
     def _demote(self, now: float) -> None:
         """Demote what tier 0 evicted, in eviction order (unless back in tier 0 since)."""

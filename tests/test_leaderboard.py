@@ -274,3 +274,22 @@ def test_a_trace_too_small_to_rank_still_names_its_best_policy_as_none():
     values = study.claim_values(study.run(cfg, jobs=1), cfg)
     assert values["agent_best_policy"] == "none (no gap to rank)"
     assert "agent_best_gap_share" not in values and "agent_gap_pts" in values
+
+
+def test_a_trace_seeds_settings_are_spread_over_the_workers_in_cells_of_at_least_the_minimum():
+    """Fewer workers, larger cells (each trace seed loaded fewer times); never below the
+    minimum, and every setting lands in exactly one cell in order."""
+    from skv.experiments.leaderboard.study import SETTINGS_PER_CELL, _settings_per_cell
+
+    assert _settings_per_cell(33, 2) == 17
+    assert _settings_per_cell(33, 1) == 33
+    assert _settings_per_cell(33, 16) == SETTINGS_PER_CELL
+    cfg = tiny()
+    settings = {p: {"default": {}} for p in cfg.policy_names}
+    flat = [(p, "default", "{}") for p in settings]
+    for jobs in (1, 2, 64):
+        cells = study.cells(cfg, cfg.traces, settings, cfg.capacities, ttft=False, jobs=jobs)
+        per_seed = [
+            c.settings for c in cells if c.seed == cells[0].seed and c.trace == cells[0].trace
+        ]
+        assert [s for part in per_seed for s in part] == flat

@@ -39,8 +39,8 @@ RUN_COLUMNS = (
 )  # fmt: skip
 
 
-#: policy settings per replay task: enough to amortise loading a trace, few enough to spread
-#: one trace's work over the workers
+#: the fewest policy settings per replay task (:func:`_settings_per_cell`): enough to amortise
+#: loading a trace, few enough to spread one trace's work over many workers
 SETTINGS_PER_CELL = 4
 
 
@@ -95,12 +95,13 @@ def run_cell(cell: Cell) -> list[dict[str, Any]]:
         model=None,
     )  # fmt: skip
     ttft = json.loads(cell.ttft) if cell.ttft is not None else None
+    serve = _TtftServer(cell, ttft) if ttft is not None else None
     rows = []
     for policy, setting, params_json in cell.settings:
         params = json.loads(params_json)
         mean = p90 = math.nan
-        if ttft is not None:
-            mean, p90 = _simulated_ttft(cell, policy, params, ttft)
+        if serve is not None:
+            mean, p90 = serve(policy, params)
         for spec, blocks in caps:
             r = replay_one(trace, policy, blocks, params=params or None, totals=totals,
                            progress=False)  # fmt: skip
@@ -192,18 +193,39 @@ def _ttft_run(trace_json: str, seed: int, factor: float, ttft_json: str) -> Any:
     return compile_run(scaled, _sim_config("lru", {}, blocks, trace[0].block_size, ttft))
 
 
-def _simulated_ttft(cell: Cell, policy: str, params: dict, ttft: dict) -> tuple[float, float]:
-    """Mean and p90 TTFT (ms, simulated) of one policy setting at the TTFT load."""
-    from skv.latency import make_latency_model
-    from skv.sim import simulate
+class _TtftServer:
+    """Simulated TTFT of one cell's policy settings at the TTFT load: the scaled run, its
+    capacity and the latency model are built once per cell, not once per setting."""
 
-    _, trace, totals = _compiled(cell.trace, cell.seed)
-    run = _ttft_run(cell.trace, cell.seed, cell.time_factor, json.dumps(ttft, sort_keys=True))
-    config = _sim_config(policy, params, _ttft_blocks(trace, totals, ttft), trace[0].block_size,
-                         ttft)  # fmt: skip
-    latency = make_latency_model(ttft["latency"]["name"], **ttft["latency"]["params"])
-    s = simulate(run, config, latency, progress=False).summary
-    return float(s["ttft_ms_mean"]), float(s["ttft_ms_p90"])
+    def __init__(self, cell: Cell, ttft: dict) -> None:
+        from skv.latency import make_latency_model
+
+        _, trace, totals = _compiled(cell.trace, cell.seed)
+        self.ttft = ttft
+        self.blocks = _ttft_blocks(trace, totals, ttft)
+        self.block_size = trace[0].block_size
+        self.run = _ttft_run(cell.trace, cell.seed, cell.time_factor,
+                             json.dumps(ttft, sort_keys=True))  # fmt: skip
+        self.latency = make_latency_model(ttft["latency"]["name"], **ttft["latency"]["params"])
+
+    def __call__(self, policy: str, params: dict) -> tuple[float, float]:
+        """Mean and p90 TTFT (ms, simulated) of one policy setting."""
+        from skv.sim import simulate
+
+        config = _sim_config(policy, params, self.blocks, self.block_size, self.ttft)
+        s = simulate(self.run, config, self.latency, progress=False).summary
+        return float(s["ttft_ms_mean"]), float(s["ttft_ms_p90"])
+
+
+def _settings_per_cell(n_settings: int, jobs: int | None) -> int:
+    """How many of one trace seed's settings a cell holds: the seed's settings spread over the
+    workers, at least :data:`SETTINGS_PER_CELL`. Fewer, larger cells load and compile each trace
+    seed fewer times (a worker runs cells in no particular order, so its one-trace cache rarely
+    serves two cells); rows and their order do not depend on it."""
+    from skv.experiments.sweep import default_jobs
+
+    workers = default_jobs() if jobs is None else jobs
+    return max(SETTINGS_PER_CELL, math.ceil(n_settings / workers))
 
 
 def cells(
@@ -216,7 +238,7 @@ def cells(
     jobs: int | None = None,
 ) -> list[Cell]:
     """The replay tasks: per trace seed, its policy settings (``settings``: policy -> setting ->
-    params, the bound included) in groups of :data:`SETTINGS_PER_CELL`. With ``ttft``, each
+    params, the bound included) in groups (:func:`_settings_per_cell`). With ``ttft``, each
     trace seed's arrival scale is found first (one sweep) and travels with its cells."""
     from skv.experiments.sweep import run_sweep
 
@@ -232,7 +254,7 @@ def cells(
     if spec is not None:
         tasks = [ScaleTask(tj, seed, spec, config.baseline) for tj, seed in seeds]
         factors = run_sweep(time_factor, tasks, jobs=jobs, label="leaderboard load scale")
-    n = SETTINGS_PER_CELL
+    n = _settings_per_cell(len(flat), jobs)
     return [
         Cell(tj, seed, tuple(flat[i : i + n]), caps, spec, f)
         for (tj, seed), f in zip(seeds, factors, strict=True)
@@ -370,7 +392,9 @@ def tune(config: LeaderboardConfig, *, jobs: int | None = None) -> tuple[dict, p
     chosen: dict[str, dict[str, Any]] = {p: {} for p in config.policy_names}
     if not config.tuning.traces or not settings:
         return chosen, pd.DataFrame()
-    todo = cells(config, config.tuning.traces, settings, config.tuning.capacities, ttft=False)
+    todo = cells(
+        config, config.tuning.traces, settings, config.tuning.capacities, ttft=False, jobs=jobs
+    )
     runs = run_cells(todo, jobs=jobs, label="leaderboard tuning")
     chosen.update(choose(runs))
     return chosen, runs

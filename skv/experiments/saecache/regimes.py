@@ -87,24 +87,22 @@ def setting_config(
 def simulate_policies(config: ExperimentConfig, seed: int) -> dict[str, dict[str, float]]:
     """Each policy of ``config`` on the same trace (one generation per seed) at its first
     capacity: policy -> :data:`METRICS`."""
-    from skv.experiments.runner import (
-        make_requests,
-        sim_config,
-        unique_prompt_blocks,
-        workload_params,
-    )
+    from skv.experiments.runner import make_requests, sim_config, workload_params
     from skv.latency import make_latency_model
+    from skv.replay import trace_totals
     from skv.sim import compile_run, simulate
     from skv.sizing import Capacity
 
     requests = make_requests(config.workload.name, workload_params(config, seed, False))
+    # compiled once for all policies (the capacity is no part of it: skv.sim.compile_key); its
+    # prompt blocks are the trace's, so their distinct count sizes the capacity
+    run = compile_run(requests, sim_config(config, config.policies[0], 1))
     blocks = Capacity.parse(config.capacities[0]).to_blocks(
         block_size=config.block_size,
-        unique_blocks=unique_prompt_blocks(requests, config),
+        unique_blocks=trace_totals(run.trace).unique_blocks,
         model=config.model,
     )
     latency = make_latency_model(config.latency.name, **config.latency.params)
-    run = compile_run(requests, sim_config(config, config.policies[0], blocks))  # one for all
     out = {}
     for spec in config.policies:
         summary = simulate(run, sim_config(config, spec, blocks), latency).summary

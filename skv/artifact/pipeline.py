@@ -229,6 +229,7 @@ STEPS: dict[str, Step] = {
                 "tables/saecache_tuning.tex",
             ),
             inputs=("experiments/saecache/grid",),
+            depends=("tab_saecache_grid",),
         ),
         Step(
             "tab_saecache_grid",

@@ -6,12 +6,16 @@ workload at one seed. saecache and every baseline with parameters try the same n
 settings on the tuning traces (the grid's settings at seeds the evaluation never uses), then
 run on the evaluation traces (the grid's own seeds) with their default and their tuned
 setting; the rule and the report are :mod:`skv.experiments.equal_tuning`'s. A variant's
-parameters are merged over those the grid config gives its policy. Every TTFT is simulated.
+parameters are merged over those the grid config gives its policy. Every TTFT is simulated,
+here or by ``tab_saecache_grid``: the evaluation reads the runs that step stored with the
+identical config (every default run; :func:`grid_runs`) instead of simulating them again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import logging
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -19,8 +23,10 @@ from pydantic import Field, ValidationError, model_validator
 
 from skv.experiments import equal_tuning as ET
 from skv.experiments.config import ExperimentConfig, PolicySpec, load_config
-from skv.experiments.saecache.regimes import simulate_policies
-from skv.experiments.saecache.study import GRID_DIR, replace_fields
+from skv.experiments.saecache.regimes import METRICS, simulate_policies
+from skv.experiments.saecache.study import GRID_DIR, load_runs, replace_fields
+
+log = logging.getLogger(__name__)
 
 
 class SaeTuningConfig(ET.TuningConfig):
@@ -62,10 +68,10 @@ def setting_config(cfg: SaeTuningConfig, setting: str) -> ExperimentConfig:
     return replace_fields(base, workload={"name": base.workload.name, "params": params})
 
 
-def cell(
-    cfg: SaeTuningConfig, setting: str, seed: int, variants: Sequence[ET.Variant]
-) -> dict[str, dict[str, float]]:
-    """Every variant on the setting's trace at ``seed`` (one trace, so paired)."""
+def cell_config(
+    cfg: SaeTuningConfig, setting: str, variants: Sequence[ET.Variant]
+) -> ExperimentConfig:
+    """The setting's config with one policy entry per variant, labelled with its key."""
     base = setting_config(cfg, setting)
     own = {p.key: p for p in base.policies}  # the grid config's entry of each policy
     policies = []
@@ -73,7 +79,82 @@ def cell(
         spec = own.get(v.policy)
         name, params = (spec.name, dict(spec.params)) if spec else (v.policy, {})
         policies.append({"name": name, "params": {**params, **v.params}, "label": v.key})
-    return simulate_policies(replace_fields(base, policies=policies), seed)
+    return replace_fields(base, policies=policies)
+
+
+def run_key(config: dict[str, Any], policy: dict[str, Any], seed: int) -> str:
+    """One run as canonical JSON: ``config`` (``model_dump(mode="json")``, as ``results.json``
+    stores it) narrowed to its first capacity, ``seed`` and ``policy`` with no label (the label
+    names results; the simulation never reads it). Every input of a run by
+    :func:`~skv.experiments.saecache.regimes.simulate_policies` or by the runner (not quick) is
+    in it, so runs with equal keys are the same simulation."""
+    one = {**config, "capacities": config["capacities"][:1], "seeds": [seed],
+           "policies": [{**policy, "label": None}]}  # fmt: skip
+    return json.dumps(one, sort_keys=True)
+
+
+def grid_runs(
+    cfg: SaeTuningConfig, variants: Sequence[ET.Variant], runs_dir: str | Path
+) -> dict[str, dict[str, float]]:
+    """:func:`run_key` -> :data:`~skv.experiments.saecache.regimes.METRICS` of the evaluation
+    runs that ``tab_saecache_grid`` stored under ``runs_dir`` (its ``results.json`` files).
+
+    Invariant: a stored run is taken only for a run of ``variants`` on ``cfg.evaluation``'s
+    traces with the identical config (workload and its parameters, capacity, latency, batch,
+    keying, policy and its parameters, seed: the whole :func:`run_key`), from a run that was not
+    quick and at its config's first capacity; so taking it changes no number. Every other run is
+    simulated; a default run the grid did not store with its config, or a missing ``runs_dir``, is
+    logged."""
+    try:
+        docs = load_runs(runs_dir)
+    except FileNotFoundError as exc:
+        log.warning("%s: every evaluation run is simulated", exc)
+        docs = {}
+    stored = {}
+    for doc in docs.values():
+        c = doc["config"]
+        specs = {p["label"] or p["name"]: p for p in c["policies"]}
+        first = str(c["capacities"][0])
+        for r in doc["runs"]:
+            metrics = [r[m] for m in METRICS]
+            if doc.get("quick") is False and r["capacity"] == first and None not in metrics:
+                key = run_key(c, specs[r["policy"]], r["seed"])
+                stored[key] = {m: float(x) for m, x in zip(METRICS, metrics, strict=True)}
+    found = {}
+    for setting in cfg.evaluation.settings:
+        c = cell_config(cfg, setting, variants).model_dump(mode="json")
+        for seed in cfg.evaluation.seeds:
+            for v, p in zip(variants, c["policies"], strict=True):
+                key = run_key(c, p, seed)
+                if key in stored:
+                    found[key] = stored[key]
+                elif v.setting == "default":
+                    log.warning("%s on %s seed %d: no grid run with its config; simulated",
+                                v.policy, setting, seed)  # fmt: skip
+    return found
+
+
+def cell(
+    cfg: SaeTuningConfig,
+    setting: str,
+    seed: int,
+    variants: Sequence[ET.Variant],
+    stored: Mapping[str, dict[str, float]] | None = None,
+) -> dict[str, dict[str, float]]:
+    """Every variant on the setting's trace at ``seed`` (one trace, so paired): a run whose
+    :func:`run_key` is in ``stored`` (:func:`grid_runs`) is read from there, the rest simulated."""
+    config = cell_config(cfg, setting, variants)
+    c = config.model_dump(mode="json")
+    out, todo = {}, []
+    for p in c["policies"]:
+        got = stored.get(run_key(c, p, seed)) if stored else None
+        if got is None:
+            todo.append(p)
+        else:
+            out[p["label"]] = dict(got)
+    if todo:
+        out |= simulate_policies(replace_fields(config, policies=todo), seed)
+    return out
 
 
 def load(path: str | Path, *, quick: bool) -> SaeTuningConfig:

@@ -91,7 +91,9 @@ def test_exclusive_lru_equals_summed_lru_on_mooncake_prefix_trees():
     root = trace_dir()  # None: no trace directory configured or found
     path = root / "mooncake" / "conversation_trace.jsonl" if root is not None else None
     if path is None or not path.exists():
-        pytest.skip(f"needs the Mooncake trace ({path or 'no trace directory'}); tests above cover synthetic traces")
+        pytest.skip(
+            f"needs the Mooncake trace ({path or 'no trace directory'}); tests above cover synthetic traces"
+        )
     trace = compile_trace(load_trace(path)[:3000], mode="prefix")
     unique = trace_totals(trace).unique_blocks
     c0, c1 = unique // 20, unique // 20

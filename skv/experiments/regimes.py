@@ -244,6 +244,19 @@ class RegimeConfig(BaseModel):
             for n, s in self.toggle_settings()
         ]
 
+    def cell_key(self, setting: dict[str, Any]) -> Any:
+        """None, or a key such that settings with equal keys give equal cell results for
+        every seed (:func:`_run_settings` runs the first and gives its result to the rest):
+        a study overrides it with everything its cell reads, where distinct settings can make
+        the same run. None (the default): the setting runs on its own."""
+        return None
+
+    def task_key(self, setting: dict[str, Any]) -> Any:
+        """Settings with equal keys share a task, run one after another (so a cell that keeps
+        its last workload builds it once). Default: those differing only in
+        ``shared_axes``."""
+        return tuple((k, axis_label(v)) for k, v in setting.items() if k not in self.shared_axes)
+
     def in_paper_setup(self, setting: dict[str, Any]) -> bool:
         return all(
             axis_label(setting[name]) in {axis_label(v) for v in values}
@@ -298,19 +311,25 @@ def _run_settings(
     cfg: RegimeConfig, cell: Cell, settings: list[dict[str, Any]], *, jobs: int | None, label: str
 ) -> dict[tuple[int, int], dict[str, dict[str, float]]]:
     """``(setting index, seed) -> cell result`` for every setting and seed of ``cfg``; settings
-    differing only in ``cfg.shared_axes`` share a task."""
-    groups: dict[tuple[tuple[str, str], ...], list[int]] = {}
+    with equal ``cfg.task_key`` share a task, and of settings with equal ``cfg.cell_key`` (not
+    None) only the first runs: the others get its result (the same object)."""
+    first: dict[Any, int] = {}
+    runs = []  # per setting, the setting whose cell it takes
     for i, s in enumerate(settings):
-        key = tuple((k, axis_label(v)) for k, v in s.items() if k not in cfg.shared_axes)
-        groups.setdefault(key, []).append(i)
+        key = cfg.cell_key(s)
+        runs.append(i if key is None else first.setdefault(key, i))
+    groups: dict[Any, list[int]] = {}
+    for i in dict.fromkeys(runs):
+        groups.setdefault(cfg.task_key(settings[i]), []).append(i)
     index = [(members, seed) for members in groups.values() for seed in cfg.seeds]
     tasks = [(cell, cfg, [settings[i] for i in members], seed) for members, seed in index]
     done = run_sweep(_task, tasks, jobs=jobs, label=label)
-    return {
+    ran = {
         (i, seed): result
         for (members, seed), results in zip(index, done, strict=True)
         for i, result in zip(members, results, strict=True)
     }
+    return {(i, seed): ran[r, seed] for i, r in enumerate(runs) for seed in cfg.seeds}
 
 
 def run_toggles(cfg: RegimeConfig, cell: Cell, *, jobs: int | None = None) -> pd.DataFrame:

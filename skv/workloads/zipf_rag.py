@@ -111,18 +111,37 @@ def document(tg: TextGen, doc_id: int, p: ZipfRagParams) -> str:
     )
 
 
+#: per process, :func:`document_tokens`' longest array per (seed, doc_tokens, length_sigma)
+_DOC_TOKENS: dict[tuple[int, int, float], np.ndarray] = {}
+
+
 def document_tokens(p: ZipfRagParams) -> np.ndarray:
     """Token count of every document as :func:`document` writes it, without writing it: the
-    label's tokens plus the length :meth:`TextGen.text` draws first from the document's stream."""
+    label's tokens plus the length :meth:`TextGen.text` draws first from the document's stream.
+
+    Document ``d``'s count is a function of ``(seed, d, doc_tokens, length_sigma)`` alone (its
+    label and its own stream ``rng_for(seed, kind, d)``), not of the corpus size or any other
+    parameter: the longest array made per ``(seed, doc_tokens, length_sigma)`` is kept (a few
+    per process) and a copy of its first ``corpus_size`` counts returned."""
+    key = (p.seed, p.doc_tokens, p.length_sigma)
+    have = _DOC_TOKENS.get(key)
+    if have is None or len(have) < p.corpus_size:
+        if len(_DOC_TOKENS) >= 8:
+            _DOC_TOKENS.clear()
+        have = _DOC_TOKENS[key] = _document_tokens(*key, p.corpus_size)
+    return have[: p.corpus_size].copy()
+
+
+def _document_tokens(seed: int, doc_tokens: int, sigma: float, n: int) -> np.ndarray:
+    """:func:`document_tokens` of documents ``0 .. n - 1``, made anew."""
     from skv.tokenize import SimpleTokenizer
 
     count = SimpleTokenizer().count
     kind = f"{NAME}/doc"
     return np.array(
         [
-            count(f"Document {d}:")
-            + draw_length(rng_for(p.seed, kind, d), p.doc_tokens, p.length_sigma)
-            for d in range(p.corpus_size)
+            count(f"Document {d}:") + draw_length(rng_for(seed, kind, d), doc_tokens, sigma)
+            for d in range(n)
         ]
     )
 

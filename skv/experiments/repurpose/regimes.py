@@ -6,8 +6,10 @@ on the one fixed prefix, whether the system prompt and history before the docume
 (``num_histories``: 32 variants, or so many that each is new), the documents per request,
 where the varying part sits (``docs_first``) and the documents' order (``doc_order``). Each
 (setting, seed) is one workload, compiled once per keying and replayed once through the same
-``lru`` cache (:func:`skv.experiments.repurpose.study.chain_hits`, the capacity study's
-replay), so the two keyings are paired within a seed.
+``lru`` cache (the capacity study's replay: :func:`skv.experiments.repurpose.study.chain_hits`,
+or :func:`~skv.experiments.repurpose.study.replay_stats` where only its total is read), so
+the two keyings are paired within a seed. Settings that make the same cell (equal
+:meth:`RepurposeRegimeConfig.cell_key`) run once.
 
 What explains prefix caching's level. Under prefix keying a request hits one leading run of
 its prompt, so its hit tokens split exactly into those of blocks before the first document
@@ -43,7 +45,7 @@ class RepurposeRegimeConfig(R.RegimeConfig):
     parameters every setting starts from; an axis named ``capacity`` sets the cache, any
     other axis the workload parameter of its name."""
 
-    #: the cache does not change the workload: one task builds it for every capacity
+    #: the cache does not change the workload (:meth:`task_key` groups by the workload itself)
     shared_axes: ClassVar[tuple[str, ...]] = ("capacity",)
     workload: dict[str, Any] = Field(default_factory=dict)
     policy: str = "lru"
@@ -71,6 +73,24 @@ class RepurposeRegimeConfig(R.RegimeConfig):
                 raise ValueError(f"{where}: {exc}") from None
         return self
 
+    def cell_key(self, setting: dict[str, Any]) -> tuple[Any, ...]:
+        """Everything :func:`cell` reads of a setting besides the seed: the workload
+        (:func:`canonical_params`), block size, policy, model and capacity. Settings with equal
+        keys give the same cell for every seed, so a sweep runs one of them: the two orders
+        of one document (``docs_per_request`` 1) and a toggle equal to a grid setting."""
+        run, axes = effective(self, setting)
+        return (
+            canonical_params(run, axes), run.block_size, run.policy, run.model,
+            str(axes.get("capacity", "30GB")),
+        )  # fmt: skip
+
+    def task_key(self, setting: dict[str, Any]) -> tuple[Any, ...]:
+        """Settings of one workload and block size (:func:`keyed_traces`' arguments, the seed
+        aside) share a task, so it is built and compiled once for all of them (the
+        capacities, and toggles that change only the policy or the model)."""
+        run, axes = effective(self, setting)
+        return (canonical_params(run, axes), run.block_size)
+
 
 def effective(
     cfg: RepurposeRegimeConfig, setting: dict[str, Any]
@@ -92,43 +112,63 @@ def workload_params(cfg: RepurposeRegimeConfig, setting: dict[str, Any], seed: i
     return ZipfRagParams(**{**cfg.workload, **over, "seed": seed})
 
 
+def canonical_params(cfg: RepurposeRegimeConfig, setting: dict[str, Any]) -> str:
+    """The setting's workload parameters as JSON, seed 0 (the seed is the same in every
+    cell it is compared across) and ``doc_order`` ``retrieval`` when a request has one
+    document: ``zipf_rag.chats`` then sorts a list of one (no random draw, nothing else reads
+    the order), so both orders make the same requests. Equal strings: the same workload for
+    every seed."""
+    params = workload_params(cfg, setting, 0)
+    if params.docs_per_request == 1:
+        params = params.model_copy(update={"doc_order": "retrieval"})
+    return params.model_dump_json()
+
+
 @dataclass(frozen=True)
 class Keyed:
     """One keying's compiled trace with what every replay of it reads: its totals
-    (:func:`skv.replay.trace_totals`), :func:`head_share` and each request's chain starts
-    (:func:`.study.chain_starts`), computed once (:func:`keyed`)."""
+    (:func:`skv.replay.trace_totals`), :func:`head_share`, each request's chain starts
+    (:func:`.study.chain_starts`) and whether every request is one chain (``single``: prefix
+    keying; a request without blocks is not), computed once (:func:`keyed`)."""
 
     trace: Any
     totals: Any
     head_share: float
     starts: list[list[int]]
+    single: bool
 
 
 def keyed(trace: Any) -> Keyed:
     from skv.replay import trace_totals
 
     totals = trace_totals(trace)
-    return Keyed(trace, totals, head_share(trace, totals), S.chain_starts(trace))
+    starts = S.chain_starts(trace)
+    single = all(len(st) == 1 for st in starts)
+    return Keyed(trace, totals, head_share(trace, totals), starts, single)
 
 
 def replay(k: Keyed, policy: str, capacity: int) -> dict[str, float]:
     """One keying's replay: the token hit rate and, for a request's leading hit run, how many
-    of its tokens are document blocks and how many come before them."""
+    of its tokens are document blocks and how many come before them (only where every
+    request is one chain, else NaN: then only the cache's total hits are read, from a
+    replay without the per-chain split, :func:`.study.replay_stats`, equal to
+    :func:`.study.chain_hits`' totals)."""
+    prompt = k.totals.prompt_tokens
+    nan = float("nan")
+    if not k.single:
+        hit = S.replay_stats(k.trace, policy, capacity).hit_tokens
+        return {"token_hit_rate": hit / prompt, "doc_hit_rate": nan, "head_hit_rate": nan,
+                "head_share": k.head_share}  # fmt: skip
     chains, stats = S.chain_hits(k.trace, policy, capacity, k.starts)
     doc_hits = 0
-    single = True
     for rb, hits in zip(k.trace, chains, strict=True):
-        if len(hits) == 1:  # one chain (prefix keying): its hits are its first blocks
-            if hits[0] > 0:
-                doc_hits += _doc_tokens(rb, hits[0])
-        else:
-            single = False
-    prompt = k.totals.prompt_tokens
+        if hits[0] > 0:  # one chain (prefix keying): its hits are its first blocks
+            doc_hits += _doc_tokens(rb, hits[0])
     hit = stats.hit_tokens
     return {
         "token_hit_rate": hit / prompt,
-        "doc_hit_rate": doc_hits / prompt if single else float("nan"),
-        "head_hit_rate": (hit - doc_hits) / prompt if single else float("nan"),
+        "doc_hit_rate": doc_hits / prompt,
+        "head_hit_rate": (hit - doc_hits) / prompt,
         "head_share": k.head_share,
     }
 
@@ -165,8 +205,8 @@ def head_share(trace: Any, totals: Any) -> float:
 @functools.lru_cache(maxsize=1)
 def keyed_traces(params_json: str, block_size: int) -> dict[str, Keyed]:
     """The workload of ``params_json`` (``ZipfRagParams``) compiled under each keying. The last
-    one is kept: the cells of one task (:attr:`RepurposeRegimeConfig.shared_axes`: the
-    capacity) build it once."""
+    one is kept: the cells of one task (:meth:`RepurposeRegimeConfig.task_key`: one workload
+    and block size) build it once."""
     from skv.replay import compile_trace
     from skv.workloads import WORKLOADS
     from skv.workloads.zipf_rag import ZipfRagParams

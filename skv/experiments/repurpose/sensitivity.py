@@ -5,8 +5,9 @@ finds (segment keying ~40 points over prefix keying at 30 GB) could be an artefa
 setting. Here each parameter of ``sweep`` (Zipf alpha, corpus size, k documents per request,
 the fixed-prefix share) takes each of its values with every other parameter at the config's
 workload, per seed: one workload per (setting, seed), compiled once per keying mode and
-replayed once at the one ``capacity`` with :func:`.study.chain_hits` (the capacity study's
-replay, so the default setting reproduces its numbers exactly). Per (setting, seed) a row
+replayed once at the one ``capacity`` with :func:`.study.replay_stats` (the capacity study's
+replay, :func:`.study.chain_hits`, without its per-chain split: the default setting reproduces
+its numbers exactly). Per (setting, seed) a row
 holds each mode's token hit rate at the capacity, each mode's infinite-cache ceiling (exact,
 from the compiled trace: :func:`skv.replay.trace_totals`) and the analytic prefix ceiling
 (:func:`skv.workloads.zipf_rag.prefix_ceiling`, whose truncations this checks away from the
@@ -157,7 +158,7 @@ def run_point(cfg: SensitivityConfig, overrides: dict[str, Any], seed: int) -> d
             cfg.capacity, block_size=cfg.block_size, model=cfg.model,
             total_blocks=totals.block_accesses,
         )  # fmt: skip
-        _, stats = S.chain_hits(trace, cfg.policy, cap)
+        stats = S.replay_stats(trace, cfg.policy, cap)  # chain_hits' totals, no chains
         del trace
         # both keyings cover the same prompts: a mismatch would compare different workloads
         assert row.setdefault("prompt_tokens", totals.prompt_tokens) == totals.prompt_tokens

@@ -179,6 +179,21 @@ def chain_hits(
     return out, cache.stats
 
 
+def replay_stats(trace: Sequence[Any], policy: str, capacity_blocks: int) -> Any:
+    """Replay ``trace`` once; the cache's totals (``hit_tokens`` and the rest).
+
+    The same cache operations in the same order as :func:`chain_hits` (a fresh ``policy``
+    cache; each request acquired and released at its arrival: ``cache.replay`` is ``access``
+    per request, compiled), so its totals equal ``chain_hits(...)[1]``; for callers that
+    read only the totals, it skips the per-chain split (and its capacity check)."""
+    from skv.policies.registry import make_cache
+
+    cache = make_cache(policy, capacity_blocks, None)
+    with no_cyclic_gc():
+        cache.replay(trace if isinstance(trace, list) else list(trace))
+    return cache.stats
+
+
 def _request_chains(
     cache: Any, blocks: dict, rb: Any, st: list[int], capacity_blocks: int
 ) -> list[int]:

@@ -10,7 +10,8 @@ Per (seed, keying, stack) the trace is replayed twice through a
 :class:`~skv.tiers.TieredCache` (``lru`` in every tier, write-through, copy on load):
 
 - ``free``: every usable block is loaded and loads cost nothing (the capacity study's
-  accounting over the same tiers);
+  accounting over the same tiers; stacks whose tiers differ only in their links share it:
+  :func:`free_key`);
 - paid: each lower-tier run is loaded or recomputed, whichever is cheaper
   (:class:`~skv.tiers.LoadPricer` on the study's roofline), and a request's TTFT adds its
   loads' time: ``series`` = lone prefill + loads (synchronous loads), ``overlap`` =
@@ -132,6 +133,16 @@ def _replay(trace: Any, starts: list[list[int]], cache: Any) -> tuple[list[list[
     return chains_out, loads
 
 
+def free_key(lower: list[tuple[Any, int]]) -> tuple[tuple[Any, ...], ...]:
+    """What a free run over ``lower`` (:func:`skv.tiers.resolve_tiers`' tiers) depends on
+    besides the trace, the GPU tier and the policy there: per lower tier its capacity in
+    blocks, policy and policy parameters; ``()`` for GPU memory alone. Not a tier's name or
+    link: under the pricer's choice ``load`` every usable segment is loaded (no choice), so
+    the links change only the load times, which a free run sets to 0; the per-request hits,
+    the hits per tier and the segment counts are the same."""
+    return tuple((cap, spec.policy, repr(sorted(spec.params.items()))) for spec, cap in lower)
+
+
 def sweep_part(cfg: TieredConfig, seed: int, mode: str) -> pd.DataFrame:
     """One seed and keying: a row per (stack, scheme, cost) with the mean TTFT and the hits
     by tier."""
@@ -154,34 +165,36 @@ def sweep_part(cfg: TieredConfig, seed: int, mode: str) -> pd.DataFrame:
     prompts = [rb.prompt_tokens for rb in trace]
     starts = S.chain_starts(trace)
     ttft_ms = functools.cache(lat.ttft_ms)  # a pure function of (uncached, cached) tokens
+    # the runs, and per (run, scheme) each request's prefill TTFT (the costs over one run share
+    # it); a free run is kept by its tiers (:func:`free_key`): stacks whose tiers differ only in
+    # their links share it
+    runs: dict[tuple[str, Any], tuple[list[list[int]], list[float], Any]] = {}
+    compute_ms: dict[tuple[tuple[str, Any], str], list[float]] = {}
     for name, stack in cfg.stacks.items():
         specs = [TierSpec.parse(s) for s in stack]
-        # per (run, scheme) each request's prefill TTFT: the costs over one run share it
-        compute_ms: dict[tuple[str, str], list[float]] = {}
-        runs: dict[str, tuple[list[list[int]], list[float], Any]] = {}
-        if not specs:
+        lower = resolve_tiers(specs, block_size=cfg.block_size, unique_blocks=1, model=cfg.model)
+        free, paid = ("free", free_key(lower)), ("paid", name)
+        if not specs and free not in runs:
             per_req, _ = S.chain_hits(trace, cfg.policy, gpu, starts)
-            runs["free"] = (per_req, [0.0] * len(trace), None)
-        else:
-            lower = resolve_tiers(
-                specs, block_size=cfg.block_size, unique_blocks=1, model=cfg.model
+            runs[free] = (per_req, [0.0] * len(trace), None)
+        links = [LINKS[s.link] for s in specs]
+        for choice, key in (("load", free), ("cheaper", paid)) if specs else ():
+            if key in runs:
+                continue
+            cache = TieredCache(
+                cfg.policy,
+                gpu,
+                lower,
+                pricer=LoadPricer(lat, per_token, links, choice=choice),
             )
-            links = [LINKS[s.link] for s in specs]
-            for choice in ("load", "cheaper"):
-                cache = TieredCache(
-                    cfg.policy,
-                    gpu,
-                    lower,
-                    pricer=LoadPricer(lat, per_token, links, choice=choice),
-                )
-                per_req, loads = _replay(trace, starts, cache)
-                key = "free" if choice == "load" else "paid"
-                runs[key] = (per_req, [0.0] * len(loads) if key == "free" else loads, cache)
+            per_req, loads = _replay(trace, starts, cache)
+            # a run keeps its tier stats, not its cache (its blocks): all the rows read
+            runs[key] = (per_req, [0.0] * len(loads) if key == free else loads, cache.tier_stats)
         for cost in COSTS:
-            run = "free" if cost == "free" or not specs else "paid"
-            per_req, loads, cache = runs[run]
+            run = free if cost == "free" or not specs else paid
+            per_req, loads, st = runs[run]
             hit = sum(sum(c) for c in per_req)
-            gpu_rate = _tier_rate(cache, 0, totals.prompt_tokens, hit)
+            gpu_rate = _tier_rate(st, 0, totals.prompt_tokens, hit)
             base = {
                 "seed": seed,
                 "mode": mode,
@@ -191,12 +204,8 @@ def sweep_part(cfg: TieredConfig, seed: int, mode: str) -> pd.DataFrame:
                 "gpu_hit_rate": gpu_rate,
                 "lower_hit_rate": hit / totals.prompt_tokens - gpu_rate,
                 "mean_load_ms": float(np.mean(loads)),
-                "recomputed_segments": 0
-                if cache is None
-                else int(sum(cache.tier_stats.recomputed_segments)),
-                "loaded_segments": 0
-                if cache is None
-                else int(sum(cache.tier_stats.loaded_segments)),
+                "recomputed_segments": 0 if st is None else int(sum(st.recomputed_segments)),
+                "loaded_segments": 0 if st is None else int(sum(st.loaded_segments)),
             }
             for scheme in ("prefix",) if mode == "prefix" else SEGMENT_SCHEMES:
                 compute = compute_ms.get((run, scheme))
@@ -213,11 +222,12 @@ def sweep_part(cfg: TieredConfig, seed: int, mode: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _tier_rate(cache: Any, tier: int, prompt: int, hit: int) -> float:
-    """Tier ``tier``'s share of prompt tokens (GPU only: all of ``hit``)."""
-    if cache is None:
+def _tier_rate(st: Any, tier: int, prompt: int, hit: int) -> float:
+    """Tier ``tier``'s share of prompt tokens (``st``: a run's tier stats; None, GPU only: all
+    of ``hit``)."""
+    if st is None:
         return hit / prompt
-    return cache.tier_stats.hit_tokens[tier] / prompt
+    return st.hit_tokens[tier] / prompt
 
 
 def _task(task: tuple[TieredConfig, int, str]) -> pd.DataFrame:

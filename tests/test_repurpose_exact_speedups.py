@@ -1,0 +1,258 @@
+"""The repurpose studies' shortcuts give the numbers of the long way, exactly: a replay that
+reads only the cache's totals (:func:`.study.replay_stats`), the regime map's cells run once
+per distinct run (``cell_key``) and grouped by workload (``task_key``), the tiered sweep's
+free run shared by stacks whose tiers differ only in their links, and ``zipf_rag``'s kept
+document lengths. Tiny configs: the quick runs do not reach every path (quick regimes hold
+``doc_order`` at one value)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from skv.experiments import regimes as R
+from skv.experiments.repurpose import regimes as RR
+from skv.experiments.repurpose import study as S
+from skv.experiments.repurpose import tiered as RT
+from skv.replay import compile_trace
+from skv.workloads import WORKLOADS
+from skv.workloads.zipf_rag import ZipfRagParams
+
+REPO = Path(__file__).resolve().parents[1]
+REGIMES = REPO / "experiments/repurpose/repurpose_regimes.yaml"
+
+
+def _rag(**changes):
+    return WORKLOADS["zipf_rag"](ZipfRagParams(**{"num_requests": 150, "seed": 3, **changes}))
+
+
+@pytest.mark.parametrize("mode", ["prefix", "segment"])
+@pytest.mark.parametrize("policy", ["lru", "s3fifo"])
+def test_replay_stats_are_chain_hits_totals(mode, policy):
+    trace = compile_trace(_rag(docs_per_request=3, zipf_alpha=1.2), block_size=16, mode=mode)
+    for cap in (600, 2000, 10**6):
+        chains, stats = S.chain_hits(trace, policy, cap)
+        got = S.replay_stats(trace, policy, cap)
+        assert dataclasses.asdict(got) == dataclasses.asdict(stats)
+        assert got.hit_tokens == sum(map(sum, chains))
+
+
+def _old_replay(k: RR.Keyed, policy: str, capacity: int) -> dict[str, float]:
+    """The regime cell's replay as it was at f24c3ea (every keying through chain_hits)."""
+    chains, stats = S.chain_hits(k.trace, policy, capacity, k.starts)
+    doc_hits = 0
+    single = True
+    for rb, hits in zip(k.trace, chains, strict=True):
+        if len(hits) == 1:
+            if hits[0] > 0:
+                doc_hits += RR._doc_tokens(rb, hits[0])
+        else:
+            single = False
+    prompt = k.totals.prompt_tokens
+    hit = stats.hit_tokens
+    return {
+        "token_hit_rate": hit / prompt,
+        "doc_hit_rate": doc_hits / prompt if single else float("nan"),
+        "head_hit_rate": (hit - doc_hits) / prompt if single else float("nan"),
+        "head_share": k.head_share,
+    }
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{}, {"docs_first": True}, {"doc_order": "sorted"}, {"docs_per_request": 1},
+     {"fixed_prefix_fraction": 1.0, "docs_per_request": 1}],
+)  # fmt: skip
+def test_regime_replay_equals_the_old_replay(changes):
+    for mode in RR.MODES:
+        k = RR.keyed(compile_trace(_rag(**changes), block_size=16, mode=mode))
+        assert k.single == (mode == "prefix")
+        for cap in (600, 2000, 10**6):
+            new, old = RR.replay(k, "lru", cap), _old_replay(k, "lru", cap)
+            assert list(new) == list(old) and repr(new) == repr(old)  # repr: NaN equals NaN
+
+
+def test_one_document_in_either_order_is_the_same_workload():
+    """``zipf_rag`` sorts a list of one and draws nothing for it: every request, block and
+    key is the same, so the cell keys of the two orders are equal (for k > 1 they are not)."""
+    a, b = _rag(docs_per_request=1), _rag(docs_per_request=1, doc_order="sorted")
+    for mode in RR.MODES:
+        ta = compile_trace(a, block_size=16, mode=mode)
+        tb = compile_trace(b, block_size=16, mode=mode)
+        for x, y in zip(ta, tb, strict=True):
+            assert (x.keys, x.parents, x.tokens, x.stypes, x.arrival_s) == (
+                y.keys, y.parents, y.tokens, y.stypes, y.arrival_s
+            )  # fmt: skip
+    assert [r.extra for r in a] == [r.extra for r in b]
+    cfg = RR.load(REGIMES, quick=False)
+    s = {"capacity": "30GB", "fixed_prefix_fraction": 0.2, "docs_first": False}
+    k1, k4 = ({**s, "docs_per_request": k} for k in (1, 4))
+    key = cfg.cell_key
+    assert key({**k1, "doc_order": "sorted"}) == key({**k1, "doc_order": "retrieval"})
+    assert key({**k4, "doc_order": "sorted"}) != key({**k4, "doc_order": "retrieval"})
+    # the key holds every input of the cell: a changed capacity, policy, model, block size or
+    # workload parameter is another run
+    base = key({**k4, "doc_order": "retrieval"})
+    for other in (
+        {"capacity": "1TB"},
+        {"config.policy": "s3fifo"},
+        {"config.model": "qwen2.5-7b"},
+        {"config.block_size": 32},
+        {"num_histories": 1024},
+    ):
+        assert key({**k4, "doc_order": "retrieval", **other}) != base
+
+
+def _tiny_map() -> RR.RepurposeRegimeConfig:
+    """The full map's axes with both orders and k = 1, tiny workloads, and its toggles."""
+    cfg = RR.load(REGIMES, quick=False)
+    data = cfg.model_dump(mode="json")
+    data.update(
+        workload={"num_requests": 120, "corpus_size": 300},
+        seeds=[0, 1],
+        axes={
+            "capacity": ["1GB", "30GB"],
+            "fixed_prefix_fraction": [0.2],
+            "docs_per_request": [1, 2],
+            "docs_first": [False, True],
+            "doc_order": ["retrieval", "sorted"],
+        },
+        paper_setup={},
+    )
+    at = {"capacity": "1GB", "fixed_prefix_fraction": 0.2, "docs_per_request": 2}
+    data["toggles"]["at"] = {**at, "docs_first": False, "doc_order": "retrieval"}
+    return RR.RepurposeRegimeConfig.model_validate(data)
+
+
+class Plain(RR.RepurposeRegimeConfig):
+    """The map with the default hooks: every setting its own run, tasks by shared axes."""
+
+    cell_key = R.RegimeConfig.cell_key
+    task_key = R.RegimeConfig.task_key
+
+
+CALLS: list[dict] = []
+
+
+def counting_cell(cfg, setting, seed):
+    CALLS.append(setting)
+    return RR.cell(cfg, setting, seed)
+
+
+def _fresh_cell(cfg, setting, seed):
+    """A cell as before: built anew, replayed the old way."""
+    run, axes = RR.effective(cfg, setting)
+    requests = WORKLOADS["zipf_rag"](RR.workload_params(run, axes, seed))
+    out = {}
+    for mode in RR.MODES:
+        k = RR.keyed(compile_trace(requests, block_size=run.block_size, mode=mode))
+        cap = S.capacity_blocks(
+            str(axes.get("capacity", "30GB")), block_size=run.block_size, model=run.model,
+            total_blocks=k.totals.block_accesses,
+        )  # fmt: skip
+        out[mode] = _old_replay(k, run.policy, cap)
+    return out
+
+
+def _same(row: pd.Series, want: dict[str, float]) -> bool:
+    return repr({m: float(row[m]) for m in want}) == repr(want)  # repr: NaN equals NaN
+
+
+def test_the_map_runs_each_distinct_cell_once_with_the_old_numbers():
+    cfg = _tiny_map()
+    CALLS.clear()
+    RR.keyed_traces.cache_clear()
+    rows = R.run_grid(cfg, counting_cell, jobs=1)
+    if not CALLS:
+        pytest.skip("cells ran on an SKV_DASK cluster")
+    # 16 settings x 2 seeds, of which k = 1 sorted (4 settings) repeats k = 1 retrieval
+    assert len(CALLS) == (16 - 4) * 2
+    assert not any(c["docs_per_request"] == 1 and c["doc_order"] == "sorted" for c in CALLS)
+    # one build per workload and seed: a workload's capacities are one task
+    assert RR.keyed_traces.cache_info().misses == (8 - 2) * 2
+    by_label = {tuple(R.axis_label(v) for v in s.values()): s for s in cfg.settings()}
+    for _, row in rows.iterrows():
+        setting = by_label[tuple(row[a] for a in cfg.axes)]
+        assert _same(row, _fresh_cell(cfg, setting, int(row["seed"]))[row["policy"]])
+    # the same rows as a run that merges and groups nothing by workload
+    plain = Plain.model_validate(cfg.model_dump())
+    pd.testing.assert_frame_equal(R.run_grid(plain, RR.cell, jobs=1), rows)
+
+
+def test_toggles_of_one_workload_share_a_task_and_keep_their_numbers():
+    cfg = _tiny_map()
+    CALLS.clear()
+    RR.keyed_traces.cache_clear()
+    rows = R.run_toggles(cfg, counting_cell, jobs=1)
+    if not CALLS:
+        pytest.skip("cells ran on an SKV_DASK cluster")
+    named = cfg.toggle_settings()
+    assert len(CALLS) == len(named) * 2
+    # at, policy_s3fifo and model_qwen2.5_7b replay one workload: built once per seed
+    assert RR.keyed_traces.cache_info().misses == (len(named) - 2) * 2
+    for name, setting in named:
+        for seed in cfg.seeds:
+            want = _fresh_cell(cfg, setting, seed)
+            d = rows[(rows["toggle"] == name) & (rows["seed"] == seed)]
+            assert len(d) == 2
+            for _, row in d.iterrows():
+                assert _same(row, want[row["policy"]])
+    plain = Plain.model_validate(cfg.model_dump())
+    pd.testing.assert_frame_equal(R.run_toggles(plain, RR.cell, jobs=1), rows)
+
+
+def test_tiered_stacks_sharing_a_free_run_give_the_rows_of_each_stack_alone(monkeypatch):
+    """dram and ssd differ only in their link, as do both and both_rdma: one free run serves
+    each pair, and every row equals the one a sweep of that stack alone gives."""
+    data = RT.load("experiments/repurpose/repurpose_tiered.yaml", quick=True).model_dump()
+    data.update(
+        workload={"num_requests": 300, "corpus_size": 300},
+        seeds=[0],
+        gpu="2GB",
+        stacks={
+            "gpu_only": [],
+            "dram": ["cpu=4GB"],
+            "ssd": ["disk=4GB"],
+            "both": ["cpu=2GB", "disk=4GB"],
+            "both_rdma": ["cpu=2GB", "disk=4GB,link=rdma"],
+        },
+        claim_stack="dram",
+    )
+    cfg = RT.TieredConfig.model_validate(data)
+    replays = []
+    real = RT._replay
+
+    def counting(trace, starts, cache):
+        replays.append(1)
+        return real(trace, starts, cache)
+
+    monkeypatch.setattr(RT, "_replay", counting)
+    for mode in ("prefix", "segment"):
+        replays.clear()
+        got = RT.sweep_part(cfg, 0, mode)
+        assert len(replays) == 2 + 4  # two free runs, one paid run per tiered stack
+        alone = [
+            RT.sweep_part(cfg.model_copy(update={"stacks": {name: stack}}), 0, mode)
+            for name, stack in cfg.stacks.items()
+        ]
+        pd.testing.assert_frame_equal(got, pd.concat(alone, ignore_index=True))
+        assert got["loaded_segments"].max() > 0 and got["lower_hit_rate"].max() > 0
+
+
+def test_document_lengths_kept_per_seed_equal_fresh_ones():
+    from skv.workloads import zipf_rag as Z
+
+    Z._DOC_TOKENS.clear()
+    for seed, n in ((0, 50), (0, 400), (0, 120), (1, 120), (0, 400)):
+        p = ZipfRagParams(num_requests=10, seed=seed, corpus_size=n)
+        got = Z.document_tokens(p)
+        want = Z._document_tokens(seed, p.doc_tokens, p.length_sigma, n)
+        assert got.dtype == want.dtype and np.array_equal(got, want)
+        got[:] = -1  # a caller's change does not reach the kept array
+    assert len(Z._DOC_TOKENS[(0, 512, 0.5)]) == 400
+    p = ZipfRagParams(num_requests=10, seed=0, corpus_size=50, doc_tokens=300)
+    assert np.array_equal(Z.document_tokens(p), Z._document_tokens(0, 300, 0.5, 50))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 import math
 from pathlib import Path
 
@@ -13,7 +14,12 @@ import pandas as pd
 import pytest
 
 from skv.experiments.cacheroute import study as S
-from skv.experiments.cacheroute.cluster import ClusterSpec, simulate_point
+from skv.experiments.cacheroute.cluster import (
+    ClusterSpec,
+    compile_point,
+    retime_point,
+    simulate_point,
+)
 from skv.experiments.cacheroute.workloads import (
     SyntheticParams,
     _key_shares,
@@ -256,6 +262,7 @@ def _fresh_point_cache(monkeypatch) -> None:
     requests in the process-wide one (nor find another test's there)."""
     monkeypatch.setattr(S, "point_requests", functools.lru_cache(maxsize=12)(
         S.point_requests.__wrapped__))  # fmt: skip
+    monkeypatch.setattr(S, "_UNIT_RUNS", {})  # nor the unit-rate runs the points derive from
 
 
 def test_routers_searching_one_workload_and_seed_share_its_points(monkeypatch):
@@ -265,7 +272,7 @@ def test_routers_searching_one_workload_and_seed_share_its_points(monkeypatch):
     calls = []
 
     def counted(name, params, rate, seed):
-        calls.append((rate, seed))
+        calls.append((rate, seed, params["num_requests"]))
         return generate(name, params, rate, seed)
 
     monkeypatch.setattr(S, "generate", counted)
@@ -282,7 +289,12 @@ def test_routers_searching_one_workload_and_seed_share_its_points(monkeypatch):
     assert list(zip(qps["router"], qps["seed"], strict=True)) == [
         (r, s) for r in ("least_loaded", "round_robin", "consistent_hashing") for s in (0, 1)
     ]
-    assert len(calls) == len(set(calls)) < len(points)  # each (rate, seed) generated once
+    # each seed generated once at rate 1 (again, longer, only for a rate above the bracket's
+    # top), every rate's requests derived from it
+    assert {rate for rate, _, _ in calls} == {1.0}
+    assert len(calls) == len(set(calls)) < len(points)
+    assert sorted({seed for _, seed, _ in calls}) == [0, 1]
+    assert min(n for _, _, n in calls) == S.num_requests(cfg, cfg.search.hi)
     for ri, seed in itertools.product(range(3), (0, 1)):
         _fresh_point_cache(monkeypatch)  # nothing shared
         alone = S.search(cfg, 0, ri, seed)
@@ -290,6 +302,47 @@ def test_routers_searching_one_workload_and_seed_share_its_points(monkeypatch):
         assert row["qps"] == alone["qps"] and row["hit_rate"] == alone["at"]["hit_rate"]
     assert S._router_groups(11) == [tuple(range(6)), tuple(range(6, 11))]
     assert S._router_groups(1) == [(0,)]
+
+
+def _same_run(a, b) -> None:
+    """Two compiled runs hold the same requests and blocks, bit for bit (times as float64
+    bytes: == would take -0.0 for 0.0)."""
+    assert a.key == b.key and a.answers == b.answers
+    assert len(a.requests) == len(b.requests) and len(a.trace) == len(b.trace)
+    assert list(a.requests) == list(b.requests)  # every field (dataclass equality)
+    assert list(a.trace) == list(b.trace)  # every field but prompt_tokens
+    assert [rb.prompt_tokens for rb in a.trace] == [rb.prompt_tokens for rb in b.trace]
+    for x, y in ((a.requests, b.requests), (a.trace, b.trace)):
+        assert (
+            np.array([r.arrival_s for r in x]).tobytes()
+            == np.array([r.arrival_s for r in y]).tobytes()
+        )
+
+
+@pytest.mark.parametrize("name", sorted(S.RATE_SCALED))
+def test_a_point_derived_from_the_unit_rate_run_is_the_freshly_generated_one(monkeypatch, name):
+    """point_requests derives each rate's requests from one unit-rate run (first n requests,
+    times retimed): bit for bit what generating and compiling at that rate gives, at rates
+    whose 1/rate is inexact, for a unit run longer than the point and one grown on demand."""
+    _fresh_point_cache(monkeypatch)
+    params = {"keys": 50, "shared_share": 0.7, "dominant_share": 0.3}
+    for n, rate, unit in [(400, 3.7, 900), (900, 113.3, 900), (250, 0.3, 0), (1200, 47.9, 900),
+                          (700, 29.17, 1200), (1, 1.0, 0)]:  # fmt: skip
+        as_json = json.dumps({**params, "num_requests": n}, sort_keys=True)
+        derived = S.point_requests(name, as_json, rate, 5, unit)
+        fresh = compile_point(generate(name, {**params, "num_requests": n}, rate, 5))
+        _same_run(derived, fresh)
+    assert len(S._UNIT_RUNS) == 1 and len(S._UNIT_RUNS[next(iter(S._UNIT_RUNS))][1]) == 1200
+    with pytest.raises(ValueError, match="rate"):
+        S.point_requests(name, json.dumps({"num_requests": 10}), 0.0, 5)
+
+
+def test_retime_point_refuses_what_would_change_the_compile():
+    run = compile_point(generate("aggregate", {"num_requests": 20}, 1.0, 0))
+    with pytest.raises(ValueError, match="never decrease"):
+        retime_point(run, [0.0, 2.0, 1.0])
+    with pytest.raises(ValueError, match="run of 20"):
+        retime_point(run, [0.0] * 21)
 
 
 @pytest.mark.parametrize("q", [99.0, 90.0])

@@ -30,6 +30,7 @@ overestimated near the knee, the same way for every router.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -37,8 +38,11 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from skv.blocks import RequestBlocks
 from skv.latency import make_latency_model
 from skv.latency.gpus import get_gpu
+from skv.model import Request
+from skv.runtime import no_cyclic_gc
 from skv.sim import CompiledRun, SimConfig, compile_run, simulate
 from skv.sizing import get_model
 
@@ -110,6 +114,42 @@ def compile_point(requests: Sequence[Any]) -> CompiledRun:
     """``requests`` compiled as :func:`simulate_point` serves them on any cluster with any
     router (a compile depends on the block size only): one compile serves every router."""
     return compile_run(requests, point_config(requests, ClusterSpec(), "round_robin", {}))
+
+
+def retime_point(run: CompiledRun, arrivals: Sequence[float]) -> CompiledRun:
+    """The first ``len(arrivals)`` requests of ``run`` (a :func:`compile_point` run) at new
+    arrival times: what :func:`compile_point` gives for those requests with those times, without
+    generating or keying them again. Exact because the times never decrease (the compile's sort by
+    (time, index) keeps the run's order), a hash-id request's blocks depend only on its ids and
+    the requests before it (``compile_trace`` keys in order) and hash-id requests cache no
+    answers. The new requests and blocks share the run's lists, which nothing mutates."""
+    n = len(arrivals)
+    if n > len(run.requests):
+        raise ValueError(f"retime_point: {n} times for a run of {len(run.requests)} requests")
+    if any(b < a for a, b in itertools.pairwise(arrivals)):
+        raise ValueError("retime_point: arrival times must never decrease")
+    if run.answers and any(ext is not None for ext, _ in run.answers[:n]):
+        raise ValueError("retime_point: requests with answer blocks (not hash-id requests)")
+    with no_cyclic_gc():  # plain data, as compile_run builds it
+        requests = tuple(
+            Request(
+                r.request_id, t, r.segments, output_tokens=r.output_tokens,
+                session_id=r.session_id, tenant_id=r.tenant_id, turn=r.turn,
+                parent_id=r.parent_id, templated=r.templated, hash_ids=r.hash_ids,
+                hash_block_size=r.hash_block_size, observed_ttft_ms=r.observed_ttft_ms,
+                observed_cached_tokens=r.observed_cached_tokens, output_hash=r.output_hash,
+                extra=dict(r.extra),
+            )
+            for r, t in zip(run.requests[:n], arrivals, strict=True)
+        )  # fmt: skip
+        trace = tuple(
+            RequestBlocks(
+                rb.index, t, rb.keys, rb.parents, rb.tokens, rb.stypes, rb.seg_tokens,
+                rb.session, rb.turn, rb.templated, rb.block_size, rb.next_use, rb.prompt_tokens,
+            )
+            for rb, t in zip(run.trace[:n], arrivals, strict=True)
+        )  # fmt: skip
+    return CompiledRun(run.key, requests, trace, run.answers[:n])
 
 
 def simulate_point(

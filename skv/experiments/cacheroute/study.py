@@ -30,8 +30,19 @@ import pandas as pd
 from matplotlib.figure import Figure
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from skv.experiments.cacheroute.cluster import ClusterSpec, compile_point, simulate_point
-from skv.experiments.cacheroute.workloads import WORKLOADS, generate, needs_traces
+from skv.experiments.cacheroute.cluster import (
+    ClusterSpec,
+    compile_point,
+    retime_point,
+    simulate_point,
+)
+from skv.experiments.cacheroute.workloads import (
+    RATE_SCALED,
+    WORKLOADS,
+    at_rate,
+    generate,
+    needs_traces,
+)
 from skv.experiments.plotstyle import (
     GREY_LINE,
     Comparison,
@@ -183,20 +194,54 @@ def num_requests(cfg: CacheRouteConfig, rate: float) -> int:
     return math.ceil(rate * cfg.warmup_s) + cfg.measured_requests
 
 
+#: unit-rate runs of the :data:`RATE_SCALED` workloads, the last 4 used: (name, parameters
+#: without num_requests, seed) -> (the compiled run, its arrival times)
+_UNIT_RUNS: dict[tuple[str, str, int], tuple[CompiledRun, np.ndarray]] = {}
+
+
+def unit_run(name: str, params_json: str, seed: int, n: int) -> tuple[CompiledRun, np.ndarray]:
+    """The workload's requests at rate 1.0, at least ``n`` of them, generated and compiled once
+    per (workload, seed) in this process (again, longer, when a rate needs more): every rate's
+    requests are their first ones, retimed (:func:`point_requests`)."""
+    key = (name, params_json, seed)
+    got = _UNIT_RUNS.pop(key, None)
+    if got is None or len(got[1]) < n:
+        params = {**json.loads(params_json), "num_requests": n}
+        run = compile_point(generate(name, params, 1.0, seed))
+        got = (run, np.array([r.arrival_s for r in run.requests], dtype=np.float64))
+    _UNIT_RUNS[key] = got
+    while len(_UNIT_RUNS) > 4:
+        del _UNIT_RUNS[next(iter(_UNIT_RUNS))]
+    return got
+
+
 @functools.lru_cache(maxsize=12)
-def point_requests(name: str, params_json: str, rate: float, seed: int) -> CompiledRun:
-    """One point's requests, generated and compiled once for every router that probes the same
-    (workload, seed, rate) in this process: with common random numbers the routers' searches
-    share their first rates (the bracket's ends and early midpoints). Kept: the last 12 (about
-    30 MB each at the full run's sizes)."""
-    return compile_point(generate(name, json.loads(params_json), rate, seed))
+def point_requests(
+    name: str, params_json: str, rate: float, seed: int, unit_requests: int = 0
+) -> CompiledRun:
+    """One point's requests, made once for every router that probes the same (workload, seed,
+    rate) in this process: with common random numbers the routers' searches share their first
+    rates (the bracket's ends and early midpoints). Kept: the last 12 (about 30 MB each at the
+    full run's sizes). A :data:`RATE_SCALED` workload's are the first ones of its unit-rate run
+    (:func:`unit_run`, made with at least ``unit_requests``: the config's highest rate's count)
+    at this rate's times (:func:`at_rate`, :func:`retime_point`): the same requests, blocks and
+    floats as generating and compiling them at this rate (a test checks)."""
+    params = json.loads(params_json)
+    if name not in RATE_SCALED:
+        return compile_point(generate(name, params, rate, seed))
+    n = params.pop("num_requests")
+    unit, times = unit_run(name, json.dumps(params, sort_keys=True), seed, max(n, unit_requests))
+    return retime_point(unit, at_rate(times, n, rate))
 
 
 def point_at(cfg: CacheRouteConfig, wi: int, ri: int, seed: int, rate: float) -> dict[str, Any]:
     """One simulated point of router ``ri`` on workload ``wi``: what :func:`search` bisects on."""
     w, r = cfg.workloads[wi], cfg.routers[ri]
     params = {**w.params, "num_requests": num_requests(cfg, rate)}
-    requests = point_requests(w.name, json.dumps(params, sort_keys=True), rate, seed)
+    top = max(cfg.rates) if cfg.kind == "load" else cfg.search.hi  # the rate most points stay under
+    requests = point_requests(
+        w.name, json.dumps(params, sort_keys=True), rate, seed, num_requests(cfg, top)
+    )
     return simulate_point(
         requests,
         cfg.cluster,
@@ -229,7 +274,7 @@ def search(
 
 def _search_task(task: tuple[CacheRouteConfig, int, tuple[int, ...], int]) -> list[dict[str, Any]]:
     """Several routers' searches on one (workload, seed): one process, so their shared rates
-    are generated and compiled once (:func:`point_requests`)."""
+    are made once (:func:`point_requests`)."""
     cfg, wi, ris, seed = task
     w = cfg.workloads[wi]
     return [

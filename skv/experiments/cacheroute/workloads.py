@@ -232,6 +232,27 @@ def mooncake(params: MooncakeParams, rate: float, seed: int) -> list[Request]:
     return out
 
 
+#: the workloads whose requests at any rate are their unit-rate ones (rate 1.0) with the arrival
+#: times :func:`at_rate` gives: ``_build`` draws each quantity from its own generator (so the
+#: first ``n`` requests do not depend on ``num_requests``), draws nothing from the times (their
+#: ranks use only how many there are) and times request ``i`` at ``cumsum(gaps)[i] / rate``. Not
+#: ``shifting_skew`` (its phases are in seconds) nor ``mooncake`` (its window depends on ``n``).
+RATE_SCALED = frozenset({"aggregate", "dominant_key"})
+
+
+def at_rate(unit_times: np.ndarray, n: int, rate: float) -> list[float]:
+    """The arrival times of the first ``n`` requests of a :data:`RATE_SCALED` workload at
+    ``rate``, from its unit-rate run's (``unit_times``, float64): ``_build``'s own expression and
+    floats. Its unit-rate times are ``cumsum(gaps) / 1.0``, the cumsum itself, which is computed
+    in order (its first ``n`` sums are the same whatever the length), and ``cumsum / rate`` is one
+    IEEE division per element either way; times never decrease, so the requests keep their
+    order."""
+    _check_rate(rate)
+    if n > len(unit_times):
+        raise ValueError(f"at_rate: {n} requests asked of a unit run of {len(unit_times)}")
+    return (unit_times[:n] / rate).tolist()
+
+
 def _check_rate(rate: float) -> None:
     if not (rate > 0 and np.isfinite(rate)):
         raise ValueError(f"rate must be a finite number of requests/s > 0, got {rate}")

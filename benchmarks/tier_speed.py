@@ -1,8 +1,8 @@
 """Tiered replay speed: block accesses per second of ``skv replay --tier`` against the same
 replay without lower tiers.
 
-The tiered cache (:mod:`skv.tiers`) runs its lower tiers and the per-request classification in
-plain Python beside the compiled GPU-tier cache, so it is slower per access; this measures by
+The tiered cache (:mod:`skv.tiers`, compiled like the GPU-tier cache) does more per access (a
+lookup per tier, the load-or-recompute decision), so it is slower per access; this measures by
 how much, on the Mooncake conversation trace (512-token blocks) when it is found, else on a
 synthetic ``tool_use`` workload. Each trace is compiled once, outside the timing.
 

@@ -37,6 +37,9 @@ evicted before reaching it (segment keying's later runs) is loaded from the high
 that holds it (under write-through, every tier), else recomputed. Offline policies (they
 need next-use annotations per tier) and ``vllm``'s block pool (not a policy of the radix cache)
 cannot be tiers.
+
+The stores, the pricer and the cache are compiled with the replay hot path (:mod:`skv._build`;
+plain Python without a compiler, same results: tests/test_compiled_equivalence.py).
 """
 
 from __future__ import annotations
@@ -44,11 +47,13 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field
-from itertools import accumulate
 from typing import Any
 
+import cython
+
 from skv.blocks import RequestBlocks
-from skv.cache.block import Block
+from skv.cache.block import Block, Lease, new_block
+from skv.cache.policy import Policy
 from skv.cache.radix import BlockCache
 from skv.model import NUM_TYPES
 from skv.policies.registry import OFFLINE, make_policy, policy_class
@@ -204,7 +209,7 @@ class TierStore:
         self.name = name
         self.capacity_blocks = capacity_blocks
         self.policy = policy
-        self.blocks: dict[object, Block] = {}
+        self.blocks = {}
         self.evictions = 0
 
     def __len__(self) -> int:
@@ -213,10 +218,10 @@ class TierStore:
     def __contains__(self, key: object) -> bool:
         return key in self.blocks
 
-    def touch(self, key: object, now: float) -> None:
+    def touch(self, key: object, now: cython.double):
         """A load served from here (``copy``): a hit for the policy."""
-        b = self.blocks[key]
-        policy = self.policy
+        b: Block = self.blocks[key]
+        policy: Policy = self.policy
         b.ref = 1
         policy.on_pin(b)
         b.hits += 1
@@ -225,51 +230,38 @@ class TierStore:
         b.ref = 0
         policy.on_unpin(b, now)
 
-    def insert(self, key: object, stype: int, tokens: int, req: Any, now: float) -> list[Block]:
+    def insert(
+        self, key: object, stype: cython.int, tokens: cython.int, req: object, now: cython.double
+    ) -> list:
         """Store ``key`` (absent); returns the blocks evicted to make room, oldest decision
         first."""
-        evicted: list[Block] = []
-        policy = self.policy
-        while len(self.blocks) >= self.capacity_blocks:
-            v = policy.victim()
-            if (
-                v is None
-            ):  # nothing here is pinned for long: a policy that finds no victim is broken
+        evicted: list = []
+        policy: Policy = self.policy
+        blocks: dict = self.blocks
+        v: Block
+        while len(blocks) >= self.capacity_blocks:
+            found = policy.victim()
+            if found is None:
+                # nothing here is pinned for long: a policy that finds no victim is broken
                 raise AssertionError(f"tier {self.name!r}: policy found no victim in a full tier")
-            del self.blocks[v.key]
+            v = found
+            del blocks[v.key]
             policy.on_evict(v, now)
             self.evictions += 1
             evicted.append(v)
-        b = Block(key, None, tokens, stype, 0, req, now)
-        self.blocks[key] = b
+        b: Block = new_block(key, None, tokens, stype, 0, req, now)
+        blocks[key] = b
         b.ref = 1
         policy.on_insert(b, now)
         b.ref = 0
         policy.on_unpin(b, now)
         return evicted
 
-    def remove(self, key: object) -> None:
+    def remove(self, key: object):
         """Drop ``key`` without it being a victim (a ``move`` load)."""
-        b = self.blocks.pop(key)
+        b: Block = self.blocks.pop(key)
         b.ref = 1
         self.policy.on_pin(b)
-
-
-def _recording_policy(name: str, params: dict[str, Any] | None) -> Any:
-    """Policy ``name`` with an ``on_evict`` that also keeps the evicted block (tier 0's
-    demotions): a subclass made at run time; its other hooks are the policy's own (a compiled
-    policy's stay compiled)."""
-    make_policy(name, params)  # the registry's checks and messages
-    base = policy_class(name)
-
-    def on_evict(self: Any, b: Block, now: float) -> None:
-        self.tier_evicted.append(b)
-        base.on_evict(self, b, now)
-
-    cls = type(f"Recording{base.__name__}", (base,), {"on_evict": on_evict})
-    rec = cls(**(params or {}))
-    rec.tier_evicted = []
-    return rec
 
 
 @dataclass
@@ -363,12 +355,18 @@ class LoadPricer:
                 (sum(x.latency_us for x in up) * 1e-6, min(x.bandwidth_gbs for x in up) * 1e9)
             )
 
-    def load_ms(self, tier: int, tokens: int) -> float:
+    @cython.boundscheck(True)
+    @cython.wraparound(True)
+    def load_ms(self, tier: cython.longlong, tokens: cython.longlong) -> cython.double:
         """Time to bring ``tokens`` of KV from lower tier ``tier`` (1-based) to tier 0."""
-        lat, bw = self._paths[tier - 1]
+        path: tuple = self._paths[tier - 1]
+        lat: cython.double = path[0]
+        bw: cython.double = path[1]
         return (lat + tokens * self.kv_bytes_per_token / bw) * 1e3
 
-    def recompute_ms(self, tokens: int, after: int, before: int) -> float:
+    def recompute_ms(
+        self, tokens: cython.longlong, after: cython.longlong, before: cython.longlong
+    ) -> cython.double:
         """Marginal prefill cost of ``tokens`` after ``before`` tokens already in KV, in a
         request that computes ``after`` more tokens anyway (at least its last one): computing
         ``tokens + after`` from ``before`` against computing ``after`` from ``before + tokens``.
@@ -380,26 +378,75 @@ class LoadPricer:
         ttft = self.latency.ttft_ms
         return ttft(tokens + after, before) - ttft(after, before + tokens)
 
-    def decide(self, rb: RequestBlocks, where: list[int], st: TierStats) -> float:
+    def decide(self, rb: RequestBlocks, where: list, st: object) -> cython.double:
         """Set ``where[i] = -1`` for the lower-tier blocks to recompute; count the choices
         in ``st``; returns the load time (ms) of the rest."""
-        if max(where, default=-1) < 1:  # nothing below GPU memory: nothing to choose
+        n: cython.Py_ssize_t = len(where)
+        i: cython.Py_ssize_t
+        j: cython.Py_ssize_t
+        k: cython.Py_ssize_t
+        x: cython.Py_ssize_t
+        m: cython.Py_ssize_t
+        cut: cython.Py_ssize_t
+        best_cut: cython.Py_ssize_t
+        nseg: cython.Py_ssize_t
+        t: cython.Py_ssize_t
+        w: cython.Py_ssize_t
+        tok: cython.longlong
+        for i in range(n):
+            if where[i] >= 1:
+                break
+        else:  # nothing below GPU memory: nothing to choose
             return 0.0
-        tokens = rb.tokens
-        parents = rb.parents
-        n = len(where)
-        total = 0.0
-        # prompt tokens before block x, and tokens computed anyway from block x on
-        before_at = [0, *accumulate(tokens)]
-        computed = [tok if w < 0 else 0 for w, tok in zip(where, tokens, strict=True)]
-        computed_after = [*accumulate(reversed(computed), initial=0)][::-1]
-        j = 0
-        for i in [x for x, w in enumerate(where) if w >= 1]:
-            if i < j:  # inside the run just decided
+        tokens: list = rb.tokens
+        parents: list = rb.parents
+        total: cython.double = 0.0
+        cheaper: cython.bint = self.choice == "cheaper"
+        # under "cheaper": tokens computed anyway in the whole request; then, as the scan goes,
+        # the prompt tokens before block x and those of them computed anyway (blocks of a run
+        # being decided are not computed anyway: they are in a lower tier)
+        computed: cython.longlong = 0
+        before: cython.longlong = 0
+        computed_before: cython.longlong = 0
+        if cheaper:
+            for x in range(n):
+                if where[x] < 0:
+                    computed += tokens[x]
+        loaded_segments: list = st.loaded_segments
+        recomputed_segments: list = st.recomputed_segments
+        recomputed_tokens: list = st.recomputed_tokens
+        # (start, stop, tier, tokens) of each segment of a run: from block i to the run's last
+        # usable block
+        seg_start: list
+        seg_stop: list
+        seg_tier: list
+        seg_tokens: list
+        loads: list
+        run_tokens: cython.longlong
+        after: cython.longlong
+        loaded_tok: cython.longlong
+        rest: cython.longlong
+        best_ms: cython.double
+        loaded_ms: cython.double
+        cost: cython.double
+        load: cython.double
+        i = 0
+        while i < n:
+            w = where[i]
+            if w < 1:  # not in a lower tier: no choice here
+                if cheaper:
+                    tok = tokens[i]
+                    before += tok
+                    if w < 0:
+                        computed_before += tok
+                i += 1
                 continue
-            before = before_at[i]
-            # segments of this run, from block i to the run's last usable block
-            segs: list[tuple[int, int, int, int]] = []  # (start, stop, tier, tokens)
+            seg_start = []
+            seg_stop = []
+            seg_tier = []
+            seg_tokens = []
+            loads = []
+            run_tokens = 0
             j = i
             while j < n and where[j] >= 1 and (j == i or parents[j] is not None):
                 t = where[j]
@@ -408,32 +455,46 @@ class LoadPricer:
                 while k < n and where[k] == t and (k == j or parents[k] is not None):
                     tok += tokens[k]
                     k += 1
-                segs.append((j, k, t, tok))
+                seg_start.append(j)
+                seg_stop.append(k)
+                seg_tier.append(t)
+                seg_tokens.append(tok)
+                run_tokens += tok
                 j = k
-            run_tokens = sum(seg[3] for seg in segs)
-            best_cut, best_ms = len(segs), 0.0
-            loads = [self.load_ms(t, tok) for _, _, t, tok in segs]
-            if self.choice == "cheaper":
+            nseg = len(seg_start)
+            best_cut = nseg
+            best_ms = 0.0
+            for m in range(nseg):
+                loads.append(self.load_ms(seg_tier[m], seg_tokens[m]))
+            if cheaper:
                 best_ms = float("inf")
                 loaded_ms = 0.0
                 loaded_tok = 0
-                for cut in range(len(segs) + 1):
+                after = computed - computed_before  # computed anyway from block j on
+                for cut in range(nseg + 1):
                     rest = run_tokens - loaded_tok
-                    after = computed_after[j]
                     cost = loaded_ms + self.recompute_ms(rest, after, before + loaded_tok)
                     if cost <= best_ms:
-                        best_cut, best_ms = cut, cost
-                    if cut < len(segs):
-                        loaded_ms += loads[cut]
-                        loaded_tok += segs[cut][3]
-            for m, (a, b, t, tok) in enumerate(segs):
+                        best_cut = cut
+                        best_ms = cost
+                    if cut < nseg:
+                        load = loads[cut]
+                        loaded_ms += load
+                        tok = seg_tokens[cut]
+                        loaded_tok += tok
+                before += run_tokens
+            for m in range(nseg):
+                t = seg_tier[m]
                 if m < best_cut:
-                    st.loaded_segments[t] += 1
-                    total += loads[m]
+                    loaded_segments[t] += 1
+                    load = loads[m]
+                    total += load
                 else:
-                    st.recomputed_segments[t] += 1
-                    st.recomputed_tokens[t] += tok
-                    where[a:b] = [-1] * (b - a)
+                    recomputed_segments[t] += 1
+                    recomputed_tokens[t] += seg_tokens[m]
+                    for x in range(seg_start[m], seg_stop[m]):
+                        where[x] = -1
+            i = j
         st.load_ms += total
         return total
 
@@ -443,10 +504,13 @@ class TierLease:
     tier that served each block (-1: computed), the hits of all tiers together (what the
     request does not compute) and the time its loads take (ms, 0 without a pricer)."""
 
-    __slots__ = ("hit_blocks", "hit_tokens", "load_ms", "top", "where")
-
     def __init__(
-        self, top: Any, where: list[int], hit_blocks: int, hit_tokens: int, load_ms: float
+        self,
+        top: Lease,
+        where: list,
+        hit_blocks: cython.longlong,
+        hit_tokens: cython.longlong,
+        load_ms: cython.double,
     ) -> None:
         self.top = top
         self.where = where
@@ -501,16 +565,24 @@ class TieredCache:
         check_tier_policy(top_policy)
         if load == "move":
             check_move_policies([spec.policy for spec, _ in lower])
-        self.top = BlockCache(top_capacity_blocks, _recording_policy(top_policy, top_params))
-        self._evicted: list[Block] = self.top.policy.tier_evicted
+        self.top = BlockCache(top_capacity_blocks, make_policy(top_policy, top_params))
+        # what tier 0 evicts, in eviction order, until demoted (BlockCache keeps it)
+        self._evicted = []
+        self.top.evicted_blocks = self._evicted
         self.tiers = [
             TierStore(spec.name, cap, make_policy(spec.policy, spec.params)) for spec, cap in lower
         ]
         self.specs = [spec for spec, _ in lower]
         self.write = write
         self.load = load
+        self._through = write == "through"
+        self._move = load == "move"
         self.pricer = pricer
-        self.tier_stats = TierStats(names)
+        st = TierStats(names)
+        self.tier_stats = st
+        self._stored_blocks = st.stored_blocks
+        self._stored_tokens = st.stored_tokens
+        self._tier_evictions = st.evictions
         self._pending_load_ms = 0.0
         self._hit_blocks_by_type = [0] * NUM_TYPES
 
@@ -555,7 +627,7 @@ class TieredCache:
 
     def take_load_ms(self) -> float:
         """The load time of the requests acquired since the last call (ms), and reset it."""
-        ms = self._pending_load_ms
+        ms: cython.double = self._pending_load_ms
         self._pending_load_ms = 0.0
         return ms
 
@@ -563,64 +635,124 @@ class TieredCache:
 
     def access(self, rb: RequestBlocks, now: float) -> list[int]:
         """Serve ``rb`` at once: returns the tier that served each block (-1: computed)."""
-        lease = self.acquire(rb, now)
+        lease: TierLease = self.acquire(rb, now)
         self.release(lease, now)
         return lease.where
 
-    def acquire(self, rb: RequestBlocks, now: float) -> TierLease:
+    def acquire(self, rb: RequestBlocks, now: cython.double) -> TierLease:
         """Look ``rb`` up in every tier, load what is usable (or recompute it, by the
         pricer), pin its blocks in tier 0 and apply the tier moves."""
-        top = self.top
-        cached = top.blocks
-        tiers = self.tiers
-        n_low = len(tiers)
-        keys, parents, tokens, stypes = rb.keys, rb.parents, rb.tokens, rb.stypes
-        for store in tiers:  # sessions, turns: what session-aware policies learn from
+        top: BlockCache = self.top
+        cached: dict = top.blocks
+        tiers: list = self.tiers
+        n_low: cython.Py_ssize_t = len(tiers)
+        keys: list = rb.keys
+        parents: list = rb.parents
+        tokens: list = rb.tokens
+        stypes: list = rb.stypes
+        n: cython.Py_ssize_t = len(keys)
+        i: cython.Py_ssize_t
+        k: cython.Py_ssize_t
+        t: cython.Py_ssize_t
+        s: cython.Py_ssize_t
+        tok: cython.longlong
+        in_run: cython.bint
+        store: TierStore
+        b: Block
+        for k in range(n_low):  # sessions, turns: what session-aware policies learn from
+            store = tiers[k]
             store.policy.on_request(rb, now)
-        where = self._classify(keys, parents)
-        del self._evicted[:]
-        lease = top.acquire(rb, now)
-        evicted = self._evicted
+        where: list = self._classify(keys, parents)
+        evicted: list = self._evicted
+        del evicted[:]
+        lease: Lease = top.acquire(rb, now)
         # tier-0 blocks evicted before this request reached them, and blocks tier 0 could not
         # cache (a request larger than it): a load must land in GPU memory, else it is computed.
         # Without either, the pass below changes nothing.
-        short = len(lease.blocks) != len(keys)
-        gone = {b.key for b in evicted}
+        short: cython.bint = len(lease.blocks) != n
+        gone: set = set()
+        for i in range(len(evicted)):
+            b = evicted[i]
+            gone.add(b.key)
         if short or not gone.isdisjoint(keys):
             in_run = False
-            for i, key in enumerate(keys):
+            for i in range(n):
+                key = keys[i]
                 if parents[i] is None:
                     in_run = True
                 if not in_run:
                     where[i] = -1
-                elif where[i] == 0 and key in gone:  # loaded from below if kept there
-                    where[i] = next((k + 1 for k in range(n_low) if key in tiers[k].blocks), -1)
-                    in_run = where[i] > 0
-                if in_run and where[i] >= 0 and short and key not in cached:
+                    continue
+                t = where[i]
+                if t == 0 and key in gone:  # loaded from below if kept there
+                    t = -1
+                    for k in range(n_low):
+                        store = tiers[k]
+                        if key in store.blocks:
+                            t = k + 1
+                            break
+                    where[i] = t
+                    in_run = t > 0
+                if in_run and t >= 0 and short and key not in cached:
                     where[i] = -1  # also a repeat whose first copy tier 0 could not cache
                     in_run = False
         st = self.tier_stats
-        load_ms = self.pricer.decide(rb, where, st) if self.pricer is not None else 0.0
+        load_ms: cython.double = 0.0
+        if self.pricer is not None:
+            load_ms = self.pricer.decide(rb, where, st)
         st.requests += 1
         st.prompt_tokens += rb.prompt_tokens
-        st.block_accesses += len(keys)
-        blocks_at = [0] * (n_low + 1)  # this request's hits per tier
-        tokens_at = [0] * (n_low + 1)
-        tokens_by_type, blocks_by_type = st.hit_tokens_by_type, self._hit_blocks_by_type
-        move = self.load == "move"
-        for key, t, tok, stype in zip(keys, where, tokens, stypes, strict=True):
+        st.block_accesses += n
+        blocks_at: list = [0] * (n_low + 1)  # this request's hits per tier
+        tokens_at: list = [0] * (n_low + 1)
+        tokens_by_type: list = st.hit_tokens_by_type
+        blocks_by_type: list = self._hit_blocks_by_type
+        move: cython.bint = self._move
+        # hits are summed in C over stretches of one tier (and of one type), then added to the
+        # per-tier (per-type) counts when the stretch ends
+        run_t: cython.Py_ssize_t = -1
+        run_blocks: cython.longlong = 0
+        run_tokens: cython.longlong = 0
+        run_s: cython.Py_ssize_t = -1
+        type_blocks: cython.longlong = 0
+        type_tokens: cython.longlong = 0
+        for i in range(n):
+            t = where[i]
             if t < 0:
                 continue
-            blocks_at[t] += 1
-            tokens_at[t] += tok
-            tokens_by_type[stype] += tok
-            blocks_by_type[stype] += 1
+            tok = tokens[i]
+            s = stypes[i]
+            if t != run_t:
+                if run_t >= 0:
+                    blocks_at[run_t] += run_blocks
+                    tokens_at[run_t] += run_tokens
+                run_t = t
+                run_blocks = 0
+                run_tokens = 0
+            run_blocks += 1
+            run_tokens += tok
+            if s != run_s:
+                if run_s >= 0:
+                    tokens_by_type[run_s] += type_tokens
+                    blocks_by_type[run_s] += type_blocks
+                run_s = s
+                type_blocks = 0
+                type_tokens = 0
+            type_blocks += 1
+            type_tokens += tok
             if t:
                 store = tiers[t - 1]
+                key = keys[i]
                 if move and key in cached:
                     store.remove(key)
                 else:
                     store.touch(key, now)
+        if run_t >= 0:
+            blocks_at[run_t] += run_blocks
+            tokens_at[run_t] += run_tokens
+        if run_s >= 0:
+            tokens_by_type[run_s] += type_tokens
+            blocks_by_type[run_s] += type_blocks
         for t in range(n_low + 1):
             st.hit_blocks[t] += blocks_at[t]
             st.hit_tokens[t] += tokens_at[t]
@@ -628,48 +760,57 @@ class TieredCache:
                 st.loaded_blocks[t] += sum(blocks_at[t:])
                 st.loaded_tokens[t] += sum(tokens_at[t:])
         top_hits = blocks_at[0]
-        hit_blocks, hit_tokens = sum(blocks_at), sum(tokens_at)
+        hit_blocks = sum(blocks_at)
+        hit_tokens = sum(tokens_at)
         if top_hits != lease.hit_blocks:
             raise AssertionError(
                 f"request {rb.index}: tier 0 served {lease.hit_blocks} blocks, the tier "
                 f"classification says {top_hits}"
             )
-        if self.write == "through":
-            get = cached.get
-            for key, t in zip(keys, where, strict=True):
+        if self._through:
+            for i in range(n):
+                t = where[i]
                 if t < 0:
-                    b = get(key)
-                    if b is not None:  # computed and cached: write it down
-                        self._write_through(b, now)
+                    found = cached.get(keys[i])
+                    if found is not None:  # computed and cached: write it down
+                        self._write_through(found, now)
         self._demote(now)
         self._pending_load_ms += load_ms
         return TierLease(lease, where, hit_blocks, hit_tokens, load_ms)
 
-    def _classify(self, keys: list, parents: list) -> list[int]:
+    def _classify(self, keys: list, parents: list) -> list:
         """Per block, the highest tier holding it (0: GPU memory) while its lookup run lasts,
         else -1; a key met again in the request counts as in tier 0 (it is by then)."""
-        cached = self.top.blocks
-        stores = [store.blocks for store in self.tiers]
-        where: list[int] = []
-        append = where.append
-        in_run = False
-        repeats = len(set(keys)) != len(keys)
-        seen: set[object] = set()
-        for key, parent in zip(keys, parents, strict=True):
-            if parent is None:
+        cached: dict = self.top.blocks
+        tiers: list = self.tiers
+        n_low: cython.Py_ssize_t = len(tiers)
+        n: cython.Py_ssize_t = len(keys)
+        i: cython.Py_ssize_t
+        k: cython.Py_ssize_t
+        t: cython.Py_ssize_t
+        store: TierStore
+        where: list = []
+        in_run: cython.bint = False
+        repeats: cython.bint = len(set(keys)) != n
+        seen: set = set()
+        for i in range(n):
+            key = keys[i]
+            if parents[i] is None:
                 in_run = True
             if not in_run:
-                append(-1)
+                where.append(-1)
             elif key in cached or (repeats and key in seen):
-                append(0)
+                where.append(0)
             else:
-                for k, store in enumerate(stores, 1):
-                    if key in store:
-                        append(k)
+                t = -1
+                for k in range(n_low):
+                    store = tiers[k]
+                    if key in store.blocks:
+                        t = k + 1
                         break
-                else:
-                    append(-1)
+                if t < 0:
                     in_run = False
+                where.append(t)
             if repeats:
                 seen.add(key)
         return where
@@ -677,60 +818,81 @@ class TieredCache:
     def extend(self, lease: TierLease, rb: RequestBlocks, start: int, now: float) -> None:
         """Tier 0 grows the request by its answer's blocks (computed: written down under
         ``through``)."""
-        cached = self.top.blocks
+        cached: dict = self.top.blocks
         self.top.extend(lease.top, rb, start, now)
-        if self.write == "through":
+        if self._through:
             for key in rb.keys[start:]:
-                b = cached.get(key)
-                if b is not None:
-                    self._write_through(b, now)
+                found = cached.get(key)
+                if found is not None:
+                    self._write_through(found, now)
         self._demote(now)
 
-    def release(self, lease: TierLease, now: float) -> None:
+    def release(self, lease: TierLease, now: cython.double):
         self.top.release(lease.top, now)
         self._demote(now)
 
-    def _write_through(self, b: Block, now: float) -> None:
+    def _write_through(self, b: Block, now: cython.double) -> None:
         key = b.key
-        for k, tier in enumerate(self.tiers):
-            if key not in tier.blocks:
+        tiers: list = self.tiers
+        k: cython.Py_ssize_t
+        store: TierStore
+        for k in range(len(tiers)):
+            store = tiers[k]
+            if key not in store.blocks:
                 self._store(k, key, b.stype, b.tokens, b.req, now)
 
-    def _demote(self, now: float) -> None:
+    def _demote(self, now: cython.double) -> None:
         """Demote what tier 0 evicted, in eviction order (unless back in tier 0 since)."""
-        evicted = self._evicted
+        evicted: list = self._evicted
         if not evicted:
             return
-        first = self.tiers[0].blocks
-        cached = self.top.blocks
-        for b in list(evicted):
-            if b.key not in first and b.key not in cached:
+        first: TierStore = self.tiers[0]
+        cached: dict = self.top.blocks
+        i: cython.Py_ssize_t
+        b: Block
+        for i in range(len(evicted)):  # _store changes lower tiers only: evicted stays as is
+            b = evicted[i]
+            if b.key not in first.blocks and b.key not in cached:
                 self._store(0, b.key, b.stype, b.tokens, b.req, now)
         del evicted[:]
-        self.tier_stats.evictions[0] = self.top.counters.snapshot().evictions
+        self._tier_evictions[0] = self.top.counters.evictions
 
-    def _store(self, k: int, key: object, stype: int, tokens: int, req: Any, now: float) -> None:
+    def _store(
+        self,
+        k: cython.Py_ssize_t,
+        key: object,
+        stype: cython.int,
+        tokens: cython.int,
+        req: object,
+        now: cython.double,
+    ) -> None:
         """Put a block into lower tier ``k`` (index into ``self.tiers``), cascading what it
         evicts down to the tiers below (dropped past the last)."""
-        st = self.tier_stats
-        st.stored_blocks[k + 1] += 1
-        st.stored_tokens[k + 1] += tokens
-        for v in self.tiers[k].insert(key, stype, tokens, req, now):
-            st.evictions[k + 1] += 1
-            if k + 1 < len(self.tiers) and v.key not in self.tiers[k + 1].blocks:
+        self._stored_blocks[k + 1] += 1
+        self._stored_tokens[k + 1] += tokens
+        tiers: list = self.tiers
+        store: TierStore = tiers[k]
+        below: TierStore = tiers[k + 1] if k + 1 < len(tiers) else None
+        v: Block
+        for v in store.insert(key, stype, tokens, req, now):
+            self._tier_evictions[k + 1] += 1
+            if below is not None and v.key not in below.blocks:
                 self._store(k + 1, v.key, v.stype, v.tokens, v.req, now)
 
     def replay(self, trace: Any, start: int = 0, stop: int | None = None) -> None:
-        end = len(trace) if stop is None else stop
+        rb: RequestBlocks
+        i: cython.Py_ssize_t
+        end: cython.Py_ssize_t = len(trace) if stop is None else stop
         for i in range(start, end):
             rb = trace[i]
-            self.access(rb, rb.arrival_s)
+            self.release(self.acquire(rb, rb.arrival_s), rb.arrival_s)
 
 
 def resolve_tiers(
-    specs: list[TierSpec], *, block_size: int, unique_blocks: int, model: str | None
+    specs: list[TierSpec], *, block_size: int, unique_blocks: int | None, model: str | None
 ) -> list[tuple[TierSpec, int]]:
-    """Each spec with its capacity in blocks."""
+    """Each spec with its capacity in blocks (``unique_blocks`` is read only by a capacity in
+    ``%`` of unique blocks: None when no spec has one)."""
     return [
         (
             s,

@@ -319,3 +319,128 @@ def test_pure_python_simulator_and_routers_match_the_compiled_ones(tmp_path):
         assert fallback[key] == here[key], key
     hits = [here[f"{r}/approximate"]["summary"]["token_hit_rate"] for r in SIM_ROUTERS]
     assert max(hits) > min(hits) > 0  # the routers differ and the caches hit
+
+
+# The tiered store (skv.tiers) is compiled too: every movement rule (write-through or on
+# eviction, copy or move on load, cascades over three tiers, a GPU tier smaller than a
+# request), the pricer's both choices on lookup runs of several segments, requests held in
+# flight, and a serving run with answers written down, compiled here against plain Python in
+# a copy, request by request (json keeps the floats).
+TIERED_RUN = """
+import json, random
+from dataclasses import asdict
+from skv.blocks import RequestBlocks
+from skv.latency import make_latency_model
+from skv.model import NUM_TYPES, Request, Segment, SemanticType as ST, content_hash
+from skv.sim import SimConfig, simulate
+from skv.sizing import get_model
+from skv.tiers import LINKS, LoadPricer, TieredCache, TierSpec
+
+MODEL = "llama-3.1-8b"
+LAT = make_latency_model("roofline", model=MODEL, gpu="H100")
+
+
+def trace(seed, n=500):
+    # 1-3 lookup runs per request, each a prefix of one of 60 chains of 1-6 blocks (a key's
+    # parent, tokens and type are fixed; no key twice in a request)
+    rng = random.Random(seed)
+    chains = [[100 * c + b for b in range(rng.randint(1, 6))] for c in range(60)]
+    out = []
+    for i in range(n):
+        runs = rng.sample(chains[: 8 + i // 8], rng.randint(1, 3))
+        keys, parents = [], []
+        for run in runs:
+            run = run[: rng.randint(1, len(run))]
+            keys += run
+            parents += [None, *run[:-1]]
+        tokens = [(4, 16, 64)[k % 3] for k in keys]
+        stypes = [k % NUM_TYPES for k in keys]
+        out.append(RequestBlocks(i, 0.5 * i, keys, parents, tokens, stypes, list(tokens), None,
+                                 0, False, 64))
+    return out
+
+
+STACKS = [
+    ("lru", 12, [("cpu", 30, "lru")], "through", "copy", "cheaper"),
+    ("lru", 10, [("cpu", 15, "lru"), ("disk", 40, "sieve")], "evict", "move", "load"),
+    ("s3fifo", 8, [("cpu", 20, "s3fifo"), ("disk", 30, "lru"), ("remote", 60, "wtinylfu")],
+     "through", "copy", "cheaper"),
+    ("gdsf", 10, [("cpu", 25, "arc")], "evict", "copy", None),
+    ("lru", 3, [("cpu", 6, "fifo"), ("disk", 50, "lru")], "evict", "move", "cheaper"),
+    ("saecache", 9, [("ssd", 40, "lhd")], "through", "copy", "load"),
+]
+
+
+def replays():
+    rows = []
+    for seed, (top, cap, lower, write, load, choice) in enumerate(STACKS):
+        specs = [(TierSpec(name, str(c), policy), c) for name, c, policy in lower]
+        links = [LINKS[spec.link] for spec, _ in specs]
+        pricer = None if choice is None else LoadPricer(
+            LAT, get_model(MODEL).kv_bytes_per_token, links, choice=choice)
+        tc = TieredCache(top, cap, specs, write=write, load=load, pricer=pricer)
+        rng = random.Random(seed)
+        held, served = [], []
+        for rb in trace(seed):
+            lease = tc.acquire(rb, rb.arrival_s)
+            served.append([lease.where, lease.hit_blocks, lease.hit_tokens, lease.load_ms])
+            held.append(lease)
+            while len(held) > 2 or (held and rng.random() < 0.6):
+                tc.release(held.pop(rng.randrange(len(held))), rb.arrival_s)
+        for lease in held:
+            tc.release(lease, 1e6)
+        rows.append({"served": served, "tiers": asdict(tc.tier_stats),
+                     "stats": asdict(tc.stats), "load_ms": tc.take_load_ms(),
+                     "held": [sorted(s.blocks) for s in tc.tiers]})
+    return rows
+
+
+def serving():
+    rng = random.Random(5)
+    reqs = []
+    for i in range(150):
+        a, b = rng.sample(range(15), 2)  # two distinct documents
+        segs = [Segment(ST.SYSTEM, 48, content_hash(f"sys{rng.randrange(2)}")),
+                Segment(ST.RETRIEVED_CONTEXT, 96, content_hash(f"d{a}")),
+                Segment(ST.RETRIEVED_CONTEXT, 96, content_hash(f"d{b}")),
+                Segment(ST.USER_QUERY, 20, content_hash(f"q{i}"))]
+        reqs.append(Request(f"r{i}", 0.02 * i, segs, output_tokens=rng.randint(1, 40)))
+    out = {}
+    for mode in ("prefix", "segment"):
+        choice = "cheaper" if mode == "prefix" else "load"
+        config = SimConfig(policy="lru", capacity_blocks=40, block_size=16, mode=mode,
+                           tiers=["cpu=60", "disk=400@sieve"], tier_choice=choice,
+                           tier_model=MODEL)
+        res = simulate(reqs, config, LAT, progress=False)
+        out[mode] = {"requests": res.requests, "summary": res.summary}
+    return out
+
+
+def run():
+    return json.loads(json.dumps({"replays": replays(), "serving": serving()}))
+"""
+
+
+def test_tiered_store_pure_python_fallback_is_bit_identical(tmp_path):
+    script = (
+        "from skv._build import build_status\n"
+        'assert set(build_status().values()) == {"python"}, build_status()\n'
+        + TIERED_RUN
+        + "print(json.dumps(run()))\n"
+    )
+    fallback = json.loads(_run_pure_python(tmp_path, script))
+    namespace: dict = {}
+    exec(compile(TIERED_RUN, "tiered_run", "exec"), namespace)
+    here = namespace["run"]()
+    assert len(fallback["replays"]) == len(here["replays"])
+    for stack, (got, want) in enumerate(zip(fallback["replays"], here["replays"], strict=True)):
+        assert got == want, stack
+    assert fallback["serving"] == here["serving"]
+    tiers = [r["tiers"] for r in here["replays"]]
+    # the comparison exercised loads from every lower tier, recomputes, drops and demotions
+    assert all(sum(t["hit_blocks"][1:]) > 0 for t in tiers)
+    assert all(t["evictions"][-1] > 0 for t in tiers)
+    assert sum(sum(t["recomputed_segments"]) for t in tiers) > 0
+    assert sum(sum(t["loaded_segments"]) for t in tiers) > 0
+    summary = here["serving"]["segment"]["summary"]
+    assert summary["tiers"][1]["hit_tokens"] > 0 and summary["tiers"][2]["hit_tokens"] > 0

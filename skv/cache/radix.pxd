@@ -9,6 +9,7 @@ cdef class BlockCache:
     cdef public dict blocks
     cdef public GhostList ghost
     cdef public object eviction_log
+    cdef public list evicted_blocks
     cdef public Counters counters
 
     cdef long long _pinned

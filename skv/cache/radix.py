@@ -58,6 +58,9 @@ class BlockCache:
             ghost_capacity = capacity_blocks if getattr(policy, "uses_ghost_list", False) else 0
         self.ghost = GhostList(ghost_capacity)
         self.eviction_log = [] if record_evictions else None
+        # a list to append every evicted block to, in eviction order (a tiered store demotes
+        # them: skv.tiers); None: not kept
+        self.evicted_blocks = None
         self.counters = Counters()
         self._pinned = 0
         self._last_hit_blocks = self._last_hit_tokens = 0
@@ -273,5 +276,7 @@ class BlockCache:
         self.ghost.remember(b, now)
         if self.eviction_log is not None:
             self.eviction_log.append((now, b.key, b.stype, reason))
+        if self.evicted_blocks is not None:
+            self.evicted_blocks.append(b)
         self.policy.on_evict(b, now)
         return True

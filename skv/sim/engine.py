@@ -49,7 +49,7 @@ from skv.sim.events import EventLoop, IterationHook
 from skv.sim.replica import Replica, RequestState
 from skv.sim.results import SimResult, summarize
 from skv.sim.routers import SimRouting
-from skv.sizing import get_model
+from skv.sizing import Capacity, get_model
 from skv.tiers import LINKS, LoadPricer, TieredCache, TierSpec, resolve_tiers, tier_summary
 
 log = logging.getLogger(__name__)
@@ -201,7 +201,9 @@ def _tiered_cache_maker(
             "model names no model preset)"
         )
     per_token = get_model(model).kv_bytes_per_token
-    unique = len({k for rb in trace for k in rb.keys})
+    # the distinct blocks (millions of keys on a long trace) size only a capacity in % of them
+    relative = any(Capacity.parse(s.capacity).kind == "fraction" for s in specs)
+    unique = len({k for rb in trace for k in rb.keys}) if relative else None
     block_size = trace[0].block_size if trace else 1
     lower = resolve_tiers(specs, block_size=block_size, unique_blocks=unique, model=model)
     links = [LINKS[s.link] for s in specs]

@@ -92,7 +92,8 @@ def test_exclusive_lru_equals_summed_lru_on_mooncake_prefix_trees():
     path = root / "mooncake" / "conversation_trace.jsonl" if root is not None else None
     if path is None or not path.exists():
         pytest.skip(
-            f"needs the Mooncake trace ({path or 'no trace directory'}); tests above cover synthetic traces"
+            f"needs the Mooncake trace ({path or 'no trace directory'}); "
+            "tests above cover synthetic traces"
         )
     trace = compile_trace(load_trace(path)[:3000], mode="prefix")
     unique = trace_totals(trace).unique_blocks

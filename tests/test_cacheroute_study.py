@@ -17,6 +17,7 @@ from skv.experiments.cacheroute import study as S
 from skv.experiments.cacheroute.cluster import (
     ClusterSpec,
     compile_point,
+    point_config,
     retime_point,
     simulate_point,
 )
@@ -30,6 +31,7 @@ from skv.experiments.slo_search import max_qps
 from skv.experiments.sweep import default_jobs, run_sweep
 from skv.latency import make_latency_model
 from skv.model import Request, Segment, SemanticType
+from skv.sim import simulate
 
 #: the study's configs (the regime map's, read by skv.experiments.cacheroute.regimes, is
 #: tested in test_regimes.py)
@@ -197,6 +199,48 @@ def test_a_point_measures_only_requests_after_the_warm_up():
     assert m["measured_requests"] == len(reqs) - warm
     with pytest.raises(ValueError, match="no request arrives after"):
         simulate_point(reqs, SMALL, "least_loaded", {}, warmup_s=1e6)
+
+
+def _point_from_rows(reqs, cluster, router, params, warmup_s, view, pct):
+    """A point's metrics by their definition, from the simulator's full per-request rows."""
+    reqs = sorted(reqs, key=lambda r: r.arrival_s)
+    config = point_config(reqs, cluster, router, params, view)
+    rows = simulate(reqs, config, cluster.latency(), progress=False).requests
+    rows = [r for r in rows if r["arrival_s"] - rows[0]["arrival_s"] >= warmup_s]
+    ttft = np.array([r["ttft_ms"] for r in rows])
+    prompt = sum(r["prompt_tokens"] for r in rows)
+    start = min(r["arrival_s"] for r in rows)
+    end = max(r["arrival_s"] + r["e2e_ms"] / 1e3 for r in rows)
+    share = np.bincount([r["replica"] for r in rows], minlength=cluster.replicas)
+    return {
+        "ttft_ms_slo": float(np.percentile(ttft, pct)),
+        "ttft_ms_p99": float(np.percentile(ttft, 99)),
+        "ttft_ms_p50": float(np.percentile(ttft, 50)),
+        "ttft_ms_mean": float(ttft.mean()),
+        "hit_rate": sum(r["cached_tokens"] for r in rows) / prompt,
+        "throughput_rps": len(rows) / (end - start),
+        "max_replica_share": float(share.max() / share.sum()),
+        "measured_requests": len(rows),
+    }
+
+
+@pytest.mark.parametrize(
+    ("router", "params", "view", "rate", "pct"),
+    [("least_loaded", {}, "exact", 30.0, 99.0),
+     ("sglang_cache_aware", {}, "approximate", 80.0, 90.0),  # queued: TTFT spread
+     ("cacheroute", {"prefix_blocks": 2, "admit_rate": 0.02, "evict_rate": 0.01}, "exact",
+      60.0, 99.0)],
+)  # fmt: skip
+def test_a_point_reads_the_same_numbers_as_the_rows_give(router, params, view, rate, pct):
+    """simulate_point reads the simulator's columns (no row per request): the same floats, bit
+    for bit, as the metrics' definition over the full rows."""
+    reqs = generate("aggregate", {"num_requests": 1200, "keys": 80}, rate, 3)
+    got = simulate_point(
+        compile_point(reqs), SMALL, router, params, warmup_s=5.0, router_view=view,
+        slo_percentile=pct,
+    )  # fmt: skip
+    assert got == _point_from_rows(reqs, SMALL, router, params, 5.0, view, pct)
+    assert len({got["ttft_ms_p50"], got["ttft_ms_p99"]}) == 2  # not a degenerate point
 
 
 def test_routers_that_keep_prefixes_together_hit_more_than_cache_blind_ones():

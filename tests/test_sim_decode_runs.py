@@ -122,3 +122,21 @@ def test_max_running_above_the_token_budget_is_rejected():
             make_latency_model("linear"),
             progress=False,
         )
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_columns_are_the_rows_fields(case, monkeypatch):
+    """``simulate(..., columns=True)``: no rows, no summary, and per request the rows' own
+    floats as arrays (in the rows' order); the run itself is the same (memory samples)."""
+    config, model, params = CASES[case]
+    full, _ = run(None, monkeypatch, config, model, params)
+    lean = simulate(
+        traffic(400, 5), config, make_latency_model(model, **params), progress=False,
+        columns=True,
+    )  # fmt: skip
+    assert lean.requests == [] and lean.summary["requests"] == len(full.requests)
+    assert lean.memory == full.memory
+    for name, values in lean.columns.items():
+        assert values.tolist() == [r[name] for r in full.requests], name
+    assert set(lean.columns) == {"arrival_s", "ttft_ms", "e2e_ms", "prompt_tokens",
+                                 "cached_tokens", "replica"}  # fmt: skip

@@ -26,9 +26,10 @@ IterationHook = Callable[[int, float, float, Iteration], None]
 class DecodeRun:
     """Decode-only iterations of one replica priced at once: the first starts at ``start``
     with ``context`` decode tokens; ``ends[i]`` is iteration i's end; ``sample`` the replica's
-    memory sample (constant during the run)."""
+    memory sample (constant during the run), or None when the run ends before the replica's
+    next sample is due (the sample is then never read)."""
 
-    def __init__(self, start: float, context: int, ends: list, sample: dict) -> None:
+    def __init__(self, start: float, context: int, ends: list, sample: dict | None) -> None:
         self.start = start
         self.context = context
         self.ends = ends
@@ -153,8 +154,12 @@ class EventLoop:
             self.push(k, end)
             return
         ends: list = self.latency.decode_run_ends(rep.decoding, rep.decode_context, length, now)
-        self.runs[k] = DecodeRun(now, rep.decode_context, ends, self.snapshot(rep))
-        self.push(k, ends[len(ends) - 1])
+        last: cython.double = ends[len(ends) - 1]
+        # :meth:`end_run` samples at iteration ends up to the last (a cut only drops ends), and
+        # nothing moves ``next_sample[k]`` while the run lasts: past it, no sample is taken
+        sample = self.snapshot(rep) if self.next_sample[k] <= last else None
+        self.runs[k] = DecodeRun(now, rep.decode_context, ends, sample)
+        self.push(k, last)
 
     def cut_run(self, k: cython.Py_ssize_t, now: cython.double) -> None:
         """A request was routed to busy replica ``k`` at ``now``: end its decode run at the first

@@ -170,24 +170,25 @@ def simulate_point(
         raise ValueError(f"warmup_s must be >= 0, got {warmup_s}")
     reqs = requests.requests if isinstance(requests, CompiledRun) else requests
     config = point_config(reqs, cluster, router, router_params, router_view)
-    res = simulate(requests, config, cluster.latency(), progress=False)
-    t0 = res.requests[0]["arrival_s"]
-    rows = [r for r in res.requests if r["arrival_s"] - t0 >= warmup_s]
-    if not rows:
+    col = simulate(requests, config, cluster.latency(), progress=False, columns=True).columns
+    arrival = col["arrival_s"]
+    kept = arrival - arrival[0] >= warmup_s
+    n = int(kept.sum())
+    if not n:
         raise ValueError(f"no request arrives after the {warmup_s} s warm-up")
-    ttft = np.array([r["ttft_ms"] for r in rows])
-    prompt = sum(r["prompt_tokens"] for r in rows)
-    cached = sum(r["cached_tokens"] for r in rows)
-    start = min(r["arrival_s"] for r in rows)
-    end = max(r["arrival_s"] + r["e2e_ms"] / 1e3 for r in rows)
-    per_replica = np.bincount([r["replica"] for r in rows], minlength=cluster.replicas)
+    ttft = col["ttft_ms"][kept]
+    prompt = int(col["prompt_tokens"][kept].sum())
+    cached = int(col["cached_tokens"][kept].sum())
+    start = float(arrival[kept].min())
+    end = float((arrival + col["e2e_ms"] / 1e3)[kept].max())
+    per_replica = np.bincount(col["replica"][kept], minlength=cluster.replicas)
     return {
         "ttft_ms_slo": float(np.percentile(ttft, slo_percentile)),
         "ttft_ms_p99": float(np.percentile(ttft, 99)),
         "ttft_ms_p50": float(np.percentile(ttft, 50)),
         "ttft_ms_mean": float(ttft.mean()),
         "hit_rate": cached / prompt if prompt else 0.0,
-        "throughput_rps": len(rows) / max(end - start, 1e-9),
+        "throughput_rps": n / max(end - start, 1e-9),
         "max_replica_share": float(per_replica.max() / max(1, per_replica.sum())),
-        "measured_requests": len(rows),
+        "measured_requests": n,
     }

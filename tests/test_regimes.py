@@ -256,6 +256,43 @@ def test_saecache_cell_serves_one_trace_to_every_policy():
     assert big["lru"]["token_hit_rate"] >= out["lru"]["token_hit_rate"]
 
 
+def test_saecache_cells_share_one_trace_over_capacities_and_equal_the_summary(monkeypatch):
+    """The capacity is a shared axis: the cells of one setting and seed make its trace once
+    (:func:`compiled_trace`), another seed anew; every cell's metrics are, to the bit, the
+    simulator summary's on a trace made for that cell alone."""
+    from skv.experiments import runner
+    from skv.experiments.saecache import regimes as SR
+    from skv.latency import make_latency_model
+    from skv.replay import trace_totals
+    from skv.sim import compile_run, simulate
+    from skv.sizing import Capacity
+
+    assert SR.SaeRegimeConfig.shared_axes == ("capacity",)
+    cfg = SR.load(SAE_CONFIG, quick=True).model_copy(update={"num_requests": 150})
+    made = []
+    real = runner.make_requests
+    monkeypatch.setattr(runner, "make_requests", lambda *a: made.append(a) or real(*a))
+    SR._LAST_TRACE.clear()
+    setting = cfg.settings()[0]
+    for seed, cap in ((0, "10%"), (0, "40%"), (1, "40%")):
+        config = SR.setting_config(cfg, {**setting, "capacity": cap})
+        got = SR.simulate_policies(config, seed)
+        requests = real(config.workload.name, runner.workload_params(config, seed, False))
+        run = compile_run(requests, runner.sim_config(config, config.policies[0], 1))
+        unique = trace_totals(run.trace).unique_blocks
+        blocks = Capacity.parse(cap).to_blocks(
+            block_size=config.block_size, unique_blocks=unique, model=config.model
+        )
+        lat = make_latency_model(config.latency.name, **config.latency.params)
+        want = {}
+        for spec in config.policies:
+            summary = simulate(requests, runner.sim_config(config, spec, blocks), lat).summary
+            want[spec.key] = {m: float(summary[m]) for m in SR.METRICS}
+        assert repr(got) == repr(want)  # the same floats, keys in the same order
+    assert len(made) == 2  # seed 0's trace once for both capacities, seed 1's anew
+    SR._LAST_TRACE.clear()
+
+
 def test_saecache_config_rejects_a_bad_axis_value(tmp_path):
     import yaml
 

@@ -6,8 +6,8 @@ on the one fixed prefix, whether the system prompt and history before the docume
 (``num_histories``: 32 variants, or so many that each is new), the documents per request,
 where the varying part sits (``docs_first``) and the documents' order (``doc_order``). Each
 (setting, seed) is one workload, compiled once per keying and replayed once through the same
-``lru`` cache (the capacity study's replay: :func:`skv.experiments.repurpose.study.chain_hits`,
-or :func:`~skv.experiments.repurpose.study.replay_stats` where only its total is read), so
+``lru`` cache (the capacity study's replay, :func:`skv.experiments.repurpose.study.chain_hits`,
+through its totals: :func:`~skv.experiments.repurpose.study.replay_stats`), so
 the two keyings are paired within a seed. Settings that make the same cell (equal
 :meth:`RepurposeRegimeConfig.cell_key`) run once.
 
@@ -127,14 +127,13 @@ def canonical_params(cfg: RepurposeRegimeConfig, setting: dict[str, Any]) -> str
 @dataclass(frozen=True)
 class Keyed:
     """One keying's compiled trace with what every replay of it reads: its totals
-    (:func:`skv.replay.trace_totals`), :func:`head_share`, each request's chain starts
-    (:func:`.study.chain_starts`) and whether every request is one chain (``single``: prefix
-    keying; a request without blocks is not), computed once (:func:`keyed`)."""
+    (:func:`skv.replay.trace_totals`), :func:`head_share` and whether every request is one
+    chain (``single``: prefix keying; a request without blocks is not), computed once
+    (:func:`keyed`)."""
 
     trace: Any
     totals: Any
     head_share: float
-    starts: list[list[int]]
     single: bool
 
 
@@ -142,49 +141,37 @@ def keyed(trace: Any) -> Keyed:
     from skv.replay import trace_totals
 
     totals = trace_totals(trace)
-    starts = S.chain_starts(trace)
-    single = all(len(st) == 1 for st in starts)
-    return Keyed(trace, totals, head_share(trace, totals), starts, single)
+    # one block without a parent per request: what ``len(.study.chain_starts(...)[i]) == 1``
+    # says, counted at C speed
+    single = all(rb.parents.count(None) == 1 for rb in trace)
+    return Keyed(trace, totals, head_share(trace, totals), single)
 
 
 def replay(k: Keyed, policy: str, capacity: int) -> dict[str, float]:
-    """One keying's replay: the token hit rate and, for a request's leading hit run, how many
-    of its tokens are document blocks and how many come before them (only where every
-    request is one chain, else NaN: then only the cache's total hits are read, from a
-    replay without the per-chain split, :func:`.study.replay_stats`, equal to
-    :func:`.study.chain_hits`' totals)."""
+    """One keying's replay (:func:`.study.replay_stats`: the cache's totals, equal to
+    :func:`.study.chain_hits`'): the token hit rate and, for a request's leading hit run, how
+    many of its tokens are document blocks and how many come before them (only where every
+    request is one chain, else NaN).
+
+    Where every request is one chain, its hit blocks are the leading run of its blocks that
+    the cache holds (a block is cached only with its parent; nothing is evicted before the
+    request's first miss, and its hits are pinned after it), so the document tokens of that
+    run, summed over the requests, are the cache's hit tokens of document blocks
+    (``hit_tokens_by_type``: counted per hit block by the block's type in the request)."""
     prompt = k.totals.prompt_tokens
-    nan = float("nan")
+    stats = S.replay_stats(k.trace, policy, capacity)
+    hit = stats.hit_tokens
     if not k.single:
-        hit = S.replay_stats(k.trace, policy, capacity).hit_tokens
+        nan = float("nan")
         return {"token_hit_rate": hit / prompt, "doc_hit_rate": nan, "head_hit_rate": nan,
                 "head_share": k.head_share}  # fmt: skip
-    chains, stats = S.chain_hits(k.trace, policy, capacity, k.starts)
-    doc_hits = 0
-    for rb, hits in zip(k.trace, chains, strict=True):
-        if hits[0] > 0:  # one chain (prefix keying): its hits are its first blocks
-            doc_hits += _doc_tokens(rb, hits[0])
-    hit = stats.hit_tokens
+    doc_hits = stats.hit_tokens_by_type[DOC]
     return {
         "token_hit_rate": hit / prompt,
         "doc_hit_rate": doc_hits / prompt,
         "head_hit_rate": (hit - doc_hits) / prompt,
         "head_share": k.head_share,
     }
-
-
-def _doc_tokens(rb: Any, hit: int) -> int:
-    """Document tokens among the first ``hit`` tokens of ``rb``'s blocks (the last block
-    partly, when ``hit`` ends inside it)."""
-    doc = 0
-    left = hit
-    for t, st in zip(rb.tokens, rb.stypes, strict=True):
-        if left <= 0:
-            break
-        if st == DOC:
-            doc += min(t, left)
-        left -= t
-    return doc
 
 
 def head_share(trace: Any, totals: Any) -> float:

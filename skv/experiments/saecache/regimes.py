@@ -9,15 +9,17 @@ A40 running Qwen2.5-1.5B, the roofline latency model, 2,000 requests, vLLM's bat
 the same simulator the 14-setting grid ran, now over a product of the axes.
 
 A cell generates one ``sharegpt_like``-family trace per (setting, seed) and simulates every
-policy on it (:func:`simulate_policies`), so the ratios are paired within a seed. Axis names
+policy on it (:func:`simulate_policies`), so the ratios are paired within a seed; the
+capacities of one setting share a task and its trace (:func:`compiled_trace`). Axis names
 are the ``sae_mix`` parameters they set, except ``capacity`` (the config's capacity share)
 and ``arrival_s`` (a ``[min, max]`` pair of seconds between new conversations).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import ValidationError, model_validator
 
@@ -32,6 +34,9 @@ METRICS = ("ttft_ms_mean", "ttft_ms_p99", "token_hit_rate")
 class SaeRegimeConfig(R.RegimeConfig):
     """``experiments/saecache/saecache_regimes.yaml``."""
 
+    #: the capacity does not change the trace (:func:`compiled_trace` keeps the last one):
+    #: settings that differ only in it share a task, so the trace is made once for them
+    shared_axes: ClassVar[tuple[str, ...]] = ("capacity",)
     base: str
     num_requests: int = 2000
 
@@ -84,30 +89,70 @@ def setting_config(
     return config_from_dict(data, source=f"{cfg.id} (toggled: {', '.join(paths)})")
 
 
+#: :func:`compiled_trace`'s last result: (its key, (the compiled run, its unique blocks))
+_LAST_TRACE: dict[tuple[Any, ...], tuple[Any, int]] = {}
+
+
+def compiled_trace(config: ExperimentConfig, seed: int) -> tuple[Any, int]:
+    """The workload of ``config`` at ``seed`` compiled for its simulator settings
+    (:func:`skv.sim.compile_run`) and its distinct prompt blocks (what a capacity share is
+    of). Both depend only on the workload's name and parameters and on the compile settings
+    (:func:`skv.sim.compile_key`: block size and keying), never on the policy or capacity;
+    the last one is kept, so the cells of one task (the capacities of one setting) make it
+    once. ``simulate`` never changes a compiled run."""
+    from skv.experiments.runner import make_requests, sim_config, workload_params
+    from skv.replay import trace_totals
+    from skv.sim.engine import compile_key, compile_run
+
+    params = workload_params(config, seed, False)
+    settings = sim_config(config, config.policies[0], 1)
+    key = (config.workload.name, json.dumps(params, sort_keys=True), compile_key(settings))
+    hit = _LAST_TRACE.get(key)
+    if hit is None:
+        _LAST_TRACE.clear()
+        run = compile_run(make_requests(config.workload.name, params), settings)
+        hit = _LAST_TRACE[key] = (run, trace_totals(run.trace).unique_blocks)
+    return hit
+
+
 def simulate_policies(config: ExperimentConfig, seed: int) -> dict[str, dict[str, float]]:
     """Each policy of ``config`` on the same trace (one generation per seed) at its first
     capacity: policy -> :data:`METRICS`."""
-    from skv.experiments.runner import make_requests, sim_config, workload_params
+    from skv.experiments.runner import sim_config
     from skv.latency import make_latency_model
-    from skv.replay import trace_totals
-    from skv.sim import compile_run, simulate
+    from skv.sim import simulate
     from skv.sizing import Capacity
 
-    requests = make_requests(config.workload.name, workload_params(config, seed, False))
     # compiled once for all policies (the capacity is no part of it: skv.sim.compile_key); its
     # prompt blocks are the trace's, so their distinct count sizes the capacity
-    run = compile_run(requests, sim_config(config, config.policies[0], 1))
+    run, unique = compiled_trace(config, seed)
     blocks = Capacity.parse(config.capacities[0]).to_blocks(
-        block_size=config.block_size,
-        unique_blocks=trace_totals(run.trace).unique_blocks,
-        model=config.model,
+        block_size=config.block_size, unique_blocks=unique, model=config.model
     )
     latency = make_latency_model(config.latency.name, **config.latency.params)
     out = {}
     for spec in config.policies:
-        summary = simulate(run, sim_config(config, spec, blocks), latency).summary
-        out[spec.key] = {m: float(summary[m]) for m in METRICS}
+        result = simulate(run, sim_config(config, spec, blocks), latency, columns=True)
+        out[spec.key] = column_metrics(result.columns)
     return out
+
+
+def column_metrics(columns: dict[str, Any]) -> dict[str, float]:
+    """:data:`METRICS` from a run's request columns (``simulate(..., columns=True)``), each by
+    :func:`skv.sim.results.summarize`'s own expression over the same values in the same
+    order (``np.mean``, ``np.percentile`` of the TTFTs; the cached over the prompt tokens,
+    summed as integers): the summary's floats, without a row per request."""
+    import numpy as np
+
+    ttft = columns["ttft_ms"]
+    prompt = int(columns["prompt_tokens"].sum())
+    cached = int(columns["cached_tokens"].sum())
+    nan = float("nan")
+    return {
+        "ttft_ms_mean": float(np.mean(ttft)) if len(ttft) else nan,
+        "ttft_ms_p99": float(np.percentile(ttft, 99)) if len(ttft) else nan,
+        "token_hit_rate": float(cached / prompt if prompt else 0.0),
+    }
 
 
 def cell(cfg: SaeRegimeConfig, setting: dict[str, Any], seed: int) -> dict[str, dict[str, float]]:

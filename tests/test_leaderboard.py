@@ -293,3 +293,24 @@ def test_a_trace_seeds_settings_are_spread_over_the_workers_in_cells_of_at_least
             c.settings for c in cells if c.seed == cells[0].seed and c.trace == cells[0].trace
         ]
         assert [s for part in per_seed for s in part] == flat
+
+
+def test_a_cells_ttft_is_the_summary_of_the_run_with_every_memory_sample():
+    """_TtftServer reads the TTFT column of a run without rows or memory samples; its mean and
+    p90 equal the summary's of the same run simulated with a row per request and a memory
+    sample every iteration (a sample only records, so the runs' TTFTs are the same floats)."""
+    from dataclasses import replace
+
+    from skv.sim import simulate
+
+    cfg = tiny()
+    entry = cfg.traces[0].model_dump_json()
+    ttft = json.loads(cfg.ttft.model_dump_json())
+    factor = study.time_factor(study.ScaleTask(entry, 1, json.dumps(ttft), "lru"))
+    cell = study.Cell(entry, 1, (), ("30%",), json.dumps(ttft), factor)
+    serve = study._TtftServer(cell, ttft)
+    for policy, params in [("lru", {}), ("slru", {"protected_fraction": 0.2}), ("belady", {})]:
+        config = study._sim_config(policy, params, serve.blocks, serve.block_size, ttft)
+        every = replace(config, sample_every_s=0)
+        s = simulate(serve.run, every, serve.latency, progress=False).summary
+        assert serve(policy, params) == (s["ttft_ms_mean"], s["ttft_ms_p90"])

@@ -343,3 +343,52 @@ def test_the_figure_draws_the_chosen_lines_and_every_policy_below(trace):
     assert S.ERROR_BAR_PTS in [line.get_ydata()[0] for line in every.get_lines()]
     everything = S.accuracy_figure(pd.DataFrame(rows), "t")
     assert [ln.get_label() for ln in everything.axes[0].get_lines()][-3:] == ["lru", "fifo", "vllm"]
+
+
+def test_a_sample_replayed_at_every_capacity_is_rebuilt_once_into_the_same_rows(trace, monkeypatch):
+    """A per-key sample (a CompactTrace) is rebuilt into a list once for a policy that replays
+    it request by request, kept compact for one that replays it by radix node (lru and vllm
+    here); the rows equal those of every replay reading the compact sample itself."""
+    from skv.compact_trace import CompactTrace
+
+    caps, rates, seeds = ["1%", "5%", "20%"], [0.3, 0.1], [0, 1]
+    for policy in ("adaptive_semantic", "lfu", "vllm", "lru"):
+        sample = mrc.sample_trace(trace, 0.3, seed=0, unit="block").trace
+        assert isinstance(sample, CompactTrace)
+        kept = S._replayable(sample, policy)
+        assert isinstance(kept, CompactTrace) == (policy in ("lru", "vllm"))  # node replays
+        assert kept is sample or [(r.keys, r.tokens, r.stypes) for r in kept] == [
+            (r.keys, r.tokens, r.stypes) for r in sample
+        ]
+        got = S.accuracy_rows(trace, "chat", policy, caps, rates, seeds, unit="block")
+        with monkeypatch.context() as m:
+            m.setattr(S, "_replayable", lambda t, p: t)  # every replay reads the sample itself
+            want = S.accuracy_rows(trace, "chat", policy, caps, rates, seeds, unit="block")
+        assert got == want
+
+
+def test_a_worker_loads_and_compiles_a_trace_once_for_its_tasks_in_a_row(
+    chats, tmp_path, monkeypatch
+):
+    """The tasks of one trace reuse its compiled list (the config's policies are online:
+    replays leave it as it was); a task's rows equal those of a freshly compiled trace."""
+    from skv.experiments.replay import capacity
+
+    write_skv_trace(tmp_path / "chat.jsonl", chats)
+    monkeypatch.setenv("SKV_TRACE_DIR", str(tmp_path))
+    loads = []
+    real = capacity.load_real_trace
+
+    def counting(*a, **k):
+        loads.append(a)
+        return real(*a, **k)
+
+    monkeypatch.setattr(capacity, "load_real_trace", counting)
+    S._compiled.cache_clear()
+    grid = (("2%", "10%"), (0.1,), (0, 1), "block")
+    got = [S._task(("chat", "chat.jsonl", {}, p, *grid)) for p in ("lfu", "vllm", "lfu")]
+    S._compiled.cache_clear()
+    assert len(loads) == 1
+    fresh = compile_trace(real("chat.jsonl"))
+    assert got[0] == got[2] == S.accuracy_rows(fresh, "chat", "lfu", *grid)
+    assert got[1] == S.accuracy_rows(fresh, "chat", "vllm", *grid)

@@ -22,6 +22,8 @@ the task alone, so the table is identical in every sweep mode.
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -156,11 +158,19 @@ def run_config(cfg: SamplingConfig, *, jobs: int | None = None) -> pd.DataFrame:
 
 def _task(task: tuple) -> list[dict[str, Any]]:
     label, name, options, policy, capacities, rates, seeds, unit = task
+    trace = _compiled(name, json.dumps(options, sort_keys=True))
+    return accuracy_rows(trace, label, policy, capacities, rates, seeds, unit)
+
+
+@functools.lru_cache(maxsize=1)
+def _compiled(name: str, options_json: str) -> list:
+    """A real trace loaded and compiled, kept for the worker's next task: the tasks of one
+    trace come in a row, and a replay of an online policy leaves the compiled list as it
+    was (the config admits no offline policy, which would write next uses onto it)."""
     from skv.experiments.replay.capacity import load_real_trace
     from skv.replay import compile_trace
 
-    trace = compile_trace(load_real_trace(name, **options))
-    return accuracy_rows(trace, label, policy, capacities, rates, seeds, unit)
+    return compile_trace(load_real_trace(name, **json.loads(options_json)))
 
 
 def accuracy_rows(
@@ -194,17 +204,16 @@ def accuracy_rows(
         for seed in seeds:
             sample = sampler.sample(rate, int(seed))
             stotals = trace_totals(sample.trace) if sample.trace else None
+            strace = _replayable(sample.trace, policy)
             per_key = sample.unit == "block"
             for spec, cap in caps.items():
                 scap = scaled_capacity(cap, sample)
                 rcap = max(1, round(rate * cap))
                 est, by_rate = nan, nan
                 if sample.trace:
-                    est = replay_one(sample.trace, policy, scap, totals=stotals, progress=False)
+                    est = replay_one(strace, policy, scap, totals=stotals, progress=False)
                     if per_key:
-                        by_rate = replay_one(
-                            sample.trace, policy, rcap, totals=stotals, progress=False
-                        )
+                        by_rate = replay_one(strace, policy, rcap, totals=stotals, progress=False)
                 rows.append(
                     {
                         "trace": label,
@@ -232,6 +241,23 @@ def accuracy_rows(
                 )
         log.info("%s %s: rate %g, %d seeds sampled", label, policy, rate, len(seeds))
     return rows
+
+
+def _replayable(trace: Sequence[Any], policy: str) -> Sequence[Any]:
+    """The sample as :func:`accuracy_rows` replays it, at every capacity: a
+    :class:`~skv.compact_trace.CompactTrace` that ``policy`` would replay request by request
+    rebuilt once into its list (each replay of the compact trace rebuilt every request again;
+    the list holds the same requests, replayed in the same order), one that ``policy``
+    replays a radix node at a time (:data:`skv.replay.NODE_POLICIES`) kept as it is."""
+    from skv.cache.node_replay import replays as node_replays
+    from skv.compact_trace import CompactTrace
+    from skv.replay import NODE_POLICIES
+
+    if not isinstance(trace, CompactTrace):
+        return trace
+    if policy in NODE_POLICIES and node_replays(trace, vllm=policy == "vllm"):
+        return trace
+    return list(trace)
 
 
 #: how a sample becomes an estimate: ``scaled`` = the sample's hit rate with its cache sized by

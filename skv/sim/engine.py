@@ -47,7 +47,7 @@ from skv.runtime import existing_objects_frozen, no_cyclic_gc
 from skv.sim.config import SimConfig
 from skv.sim.events import EventLoop, IterationHook
 from skv.sim.replica import Replica, RequestState
-from skv.sim.results import SimResult, request_columns, summarize
+from skv.sim.results import SimResult, column_result, summarize
 from skv.sim.routers import SimRouting
 from skv.sizing import Capacity, get_model
 from skv.tiers import LINKS, LoadPricer, TieredCache, TierSpec, resolve_tiers, tier_summary
@@ -185,11 +185,7 @@ def simulate(
         )
     sim.memory.sort(key=_by_time)  # decode runs add their samples when they end
     if columns:
-        label = f"latencies simulated by the {latency.name} latency model"
-        result = SimResult(
-            [], {"simulated": label, "requests": len(states)}, sim.memory, sim.policy_series,
-            latency.describe(), asdict(config), request_columns(states),
-        )  # fmt: skip
+        result = column_result(states, sim.memory, sim.policy_series, config, latency)
     else:
         with no_cyclic_gc():  # one row dict per request
             result = summarize(states, replicas, sim.memory, sim.policy_series, config, latency)

@@ -113,8 +113,36 @@ def _type_totals(states: list[RequestState]) -> tuple[list[int], list[int]]:
     return type_tokens, type_blocks
 
 
-def _pct(values: list[float], q: float) -> float:
-    return float(np.percentile(values, q)) if values else float("nan")
+def mean_or_nan(values: Any) -> float:
+    """The mean of ``values`` (a list or an array), NaN when there are none: how every mean of
+    a run's summary is taken, for callers that summarise its columns themselves."""
+    return float(np.mean(values)) if len(values) else float("nan")
+
+
+def percentile_or_nan(values: Any, q: float) -> float:
+    """The ``q``-th percentile of ``values`` (numpy's linear interpolation), NaN when there are
+    none: how every percentile of a run's summary is taken."""
+    return float(np.percentile(values, q)) if len(values) else float("nan")
+
+
+def _label(latency: LatencyModel) -> str:
+    return f"latencies simulated by the {latency.name} latency model"
+
+
+def column_result(
+    states: list[RequestState],
+    memory: list[dict[str, float]],
+    policy_series: list[dict[str, float]],
+    config: SimConfig,
+    latency: LatencyModel,
+) -> SimResult:
+    """What ``simulate(..., columns=True)`` returns: no rows, a summary of the latency label
+    and the request count only, and :func:`request_columns` in ``columns``."""
+    summary = {"simulated": _label(latency), "requests": len(states)}
+    return SimResult(
+        [], summary, memory, policy_series, latency.describe(), asdict(config),
+        request_columns(states),
+    )  # fmt: skip
 
 
 def summarize(
@@ -146,19 +174,19 @@ def summarize(
     util = [m["utilisation"] for m in memory]
     desc = latency.describe()
     summary = {
-        "simulated": f"latencies simulated by the {latency.name} latency model",
+        "simulated": _label(latency),
         "requests": len(rows),
         "duration_s": span,
         "throughput_rps": len(rows) / span,
         "output_tokens_per_s": out_tokens / span,
-        "ttft_ms_mean": float(np.mean(ttft)) if ttft else float("nan"),
-        "ttft_ms_p50": _pct(ttft, 50),
-        "ttft_ms_p90": _pct(ttft, 90),
-        "ttft_ms_p99": _pct(ttft, 99),
-        "tpot_ms_mean": float(np.mean(tpot)) if tpot else float("nan"),
-        "e2e_ms_mean": float(np.mean(e2e)) if e2e else float("nan"),
-        "e2e_ms_p99": _pct(e2e, 99),
-        "queue_ms_mean": float(np.mean(queue)) if queue else float("nan"),
+        "ttft_ms_mean": mean_or_nan(ttft),
+        "ttft_ms_p50": percentile_or_nan(ttft, 50),
+        "ttft_ms_p90": percentile_or_nan(ttft, 90),
+        "ttft_ms_p99": percentile_or_nan(ttft, 99),
+        "tpot_ms_mean": mean_or_nan(tpot),
+        "e2e_ms_mean": mean_or_nan(e2e),
+        "e2e_ms_p99": percentile_or_nan(e2e, 99),
+        "queue_ms_mean": mean_or_nan(queue),
         "prompt_tokens": prompt,
         "cached_tokens": cached,
         "computed_tokens": prompt - cached,
@@ -181,7 +209,7 @@ def summarize(
         "evictions_by_type": {
             TYPES[t].value: evict_by_type[t] for t in range(NUM_TYPES) if evict_by_type[t]
         },
-        "memory_utilisation_mean": float(np.mean(util)) if util else float("nan"),
+        "memory_utilisation_mean": mean_or_nan(util),
         "iterations": sum(rep.iterations for rep in replicas),
     }
     return SimResult(rows, summary, memory, policy_series, desc, asdict(config))

@@ -214,16 +214,12 @@ class _TtftServer:
         """Mean and p90 TTFT (ms, simulated) of one policy setting: the summary's
         ``ttft_ms_mean`` and ``ttft_ms_p90``, computed here from the run's TTFT column
         (``columns=True``: the same values in the same order, without a row per request)."""
-        import numpy as np
-
         from skv.sim import simulate
+        from skv.sim.results import mean_or_nan, percentile_or_nan
 
         config = _sim_config(policy, params, self.blocks, self.block_size, self.ttft)
-        ttft = simulate(self.run, config, self.latency, progress=False, columns=True)
-        ms = ttft.columns["ttft_ms"]
-        if not len(ms):
-            return math.nan, math.nan
-        return float(np.mean(ms)), float(np.percentile(ms, 90))
+        ms = simulate(self.run, config, self.latency, progress=False, columns=True).columns
+        return mean_or_nan(ms["ttft_ms"]), percentile_or_nan(ms["ttft_ms"], 90)
 
 
 def _settings_per_cell(n_settings: int, jobs: int | None) -> int:

@@ -140,17 +140,15 @@ def simulate_policies(config: ExperimentConfig, seed: int) -> dict[str, dict[str
 def column_metrics(columns: dict[str, Any]) -> dict[str, float]:
     """:data:`METRICS` from a run's request columns (``simulate(..., columns=True)``), each by
     :func:`skv.sim.results.summarize`'s own expression over the same values in the same
-    order (``np.mean``, ``np.percentile`` of the TTFTs; the cached over the prompt tokens,
-    summed as integers): the summary's floats, without a row per request."""
-    import numpy as np
+    order: the summary's floats, without a row per request."""
+    from skv.sim.results import mean_or_nan, percentile_or_nan
 
     ttft = columns["ttft_ms"]
     prompt = int(columns["prompt_tokens"].sum())
     cached = int(columns["cached_tokens"].sum())
-    nan = float("nan")
     return {
-        "ttft_ms_mean": float(np.mean(ttft)) if len(ttft) else nan,
-        "ttft_ms_p99": float(np.percentile(ttft, 99)) if len(ttft) else nan,
+        "ttft_ms_mean": mean_or_nan(ttft),
+        "ttft_ms_p99": percentile_or_nan(ttft, 99),
         "token_hit_rate": float(cached / prompt if prompt else 0.0),
     }
 

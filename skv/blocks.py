@@ -222,6 +222,36 @@ def iter_blocks(
         )
 
 
+def retimed(trace: Sequence[RequestBlocks], arrivals: Sequence[float]) -> list[RequestBlocks]:
+    """``trace``'s blocks at new arrival times (``arrivals[i]`` for ``trace[i]``, as many as
+    there are times): each a new ``RequestBlocks`` equal to ``trace[i]`` but for ``arrival_s``,
+    sharing its lists (the caller mutates none of them). Field by field in one compiled loop:
+    what ``RequestBlocks(index, t, keys, ..., next_use, prompt_tokens)`` builds, without the
+    call's argument passing."""
+    if len(arrivals) > len(trace):
+        raise ValueError(f"retimed: {len(arrivals)} times for {len(trace)} requests")
+    out = []
+    rb: RequestBlocks
+    new: RequestBlocks
+    for rb, t in zip(trace, arrivals, strict=False):
+        new = RequestBlocks.__new__(RequestBlocks)
+        new.index = rb.index
+        new.arrival_s = t
+        new.keys = rb.keys
+        new.parents = rb.parents
+        new.tokens = rb.tokens
+        new.stypes = rb.stypes
+        new.seg_tokens = rb.seg_tokens
+        new.session = rb.session
+        new.turn = rb.turn
+        new.templated = rb.templated
+        new.block_size = rb.block_size
+        new.prompt_tokens = rb.prompt_tokens
+        new.next_use = rb.next_use
+        out.append(new)
+    return out
+
+
 def tally_blocks(
     rb: RequestBlocks, seen: set, tokens_by_type: list, blocks_by_type: list
 ) -> tuple[int, int]:

@@ -3,6 +3,7 @@ the config, the summary and claim values, and the sweep executor."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import json
@@ -13,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from skv.blocks import RequestBlocks, retimed
 from skv.experiments.cacheroute import study as S
 from skv.experiments.cacheroute.cluster import (
     ClusterSpec,
@@ -31,7 +33,7 @@ from skv.experiments.slo_search import max_qps
 from skv.experiments.sweep import default_jobs, run_sweep
 from skv.latency import make_latency_model
 from skv.model import Request, Segment, SemanticType
-from skv.sim import simulate
+from skv.sim import CompiledRun, simulate
 
 #: the study's configs (the regime map's, read by skv.experiments.cacheroute.regimes, is
 #: tested in test_regimes.py)
@@ -387,6 +389,50 @@ def test_retime_point_refuses_what_would_change_the_compile():
         retime_point(run, [0.0, 2.0, 1.0])
     with pytest.raises(ValueError, match="run of 20"):
         retime_point(run, [0.0] * 21)
+
+
+def test_retime_point_builds_what_the_field_by_field_definition_builds():
+    """retime_point passes Request's fields by position and copies the blocks in one compiled
+    loop (skv.blocks.retimed): every field is the source's (lists shared, ``extra`` a copy) but
+    the time, as ``dataclasses.replace`` and the RequestBlocks constructor build them; every
+    field here differs from its default and from the others, so a field in the wrong place
+    shows."""
+    reqs = [
+        Request(
+            f"r{i}", 0.5 * i, [Segment(SemanticType.SYSTEM, 40 + i, content_hash=f"{i + 1:016x}")],
+            output_tokens=5 + i, session_id=f"s{i}", tenant_id=f"t{i}", turn=3 + i,
+            parent_id=f"p{i}", templated=True, hash_ids=[100 + i, 200 + i, 300 + i],
+            hash_block_size=16, observed_ttft_ms=12.5 + i, observed_cached_tokens=7 + i,
+            output_hash=f"h{i}", extra={"k": i},
+        )
+        for i in range(6)
+    ]  # fmt: skip
+    run = compile_point(reqs)
+    for i, rb in enumerate(run.trace):  # as an offline policy's compile would hold them
+        rb.next_use = [i + 10] * len(rb.keys)
+    times = [0.0, 0.25, 0.25, 1.0 / 3.0, 7.1]
+    got = retime_point(run, times)
+    want_requests = [
+        dataclasses.replace(r, arrival_s=t, extra=dict(r.extra))
+        for r, t in zip(run.requests, times, strict=False)
+    ]
+    want_trace = [
+        RequestBlocks(
+            rb.index, t, rb.keys, rb.parents, rb.tokens, rb.stypes, rb.seg_tokens, rb.session,
+            rb.turn, rb.templated, rb.block_size, rb.next_use, rb.prompt_tokens,
+        )
+        for rb, t in zip(run.trace, times, strict=False)
+    ]  # fmt: skip
+    _same_run(got, CompiledRun(run.key, tuple(want_requests), tuple(want_trace), run.answers[:5]))
+    for new, old in zip(got.requests, run.requests, strict=False):
+        assert new.extra == old.extra and new.extra is not old.extra
+        assert new.segments is old.segments and new.hash_ids is old.hash_ids
+    for new, old in zip(got.trace, run.trace, strict=False):
+        assert new is not old and new.keys is old.keys and new.next_use is old.next_use
+        assert (new.session, new.turn, new.templated) == (old.session, old.turn, True)
+    assert [rb.arrival_s for rb in retimed(run.trace, [])] == []
+    with pytest.raises(ValueError, match="7 times for 6"):
+        retimed(run.trace, [0.0] * 7)
 
 
 @pytest.mark.parametrize("q", [99.0, 90.0])

@@ -95,6 +95,38 @@ def test_decode_ms_is_the_price_of_a_decode_only_iteration(model, seqs, context)
     assert model.decode_run_ends(seqs, context, 40, 12.5) == want
 
 
+@pytest.mark.parametrize(
+    "model",
+    [
+        LinearLatency(base_ttft_ms=3.0, token_latency_ms=0.1, decode_ms_per_seq=0.7),
+        CalibratedLatency(
+            base_ms=2.0, ms_per_uncached_token=0.05, ms_per_cached_token=0.01, decode_ms_per_seq=0.3
+        ),
+        RooflineLatency(),
+        RooflineLatency(model="llama-3.3-70b-fp8", gpu="H100", tp=4),
+    ],
+    ids=["linear", "calibrated", "roofline", "roofline-70b-tp4"],
+)
+@pytest.mark.parametrize(
+    "tokens,contexts",
+    [([], []), ([1], [0]), ([4096], [0]), ([512, 3, 8191], [1000, 0, 123_457]),
+     ([7] * 5, [0, 1, 2, 3, 2_000_001])],
+)  # fmt: skip
+@pytest.mark.parametrize("seqs,context", [(0, 0), (1, 5), (200, 3_000_000)])
+def test_prefill_ms_is_the_price_of_the_iteration_of_those_chunks(
+    model, tokens, contexts, seqs, context
+):
+    """The simulator prices an iteration with prefill by ``prefill_ms`` (no Iteration built):
+    bit for bit ``iteration_ms`` of the Iteration of those chunks, in the model's override (the
+    roofline's compiled sums) and the base class's definition alike."""
+    it = Iteration(tuple(map(PrefillChunk, tokens, contexts)), seqs, context)
+    want = model.iteration_ms(it)
+    assert model.prefill_ms(tokens, contexts, seqs, context) == want
+    assert LatencyModel.prefill_ms(model, tokens, contexts, seqs, context) == want
+    with pytest.raises(ValueError, match="chunk sizes"):
+        model.prefill_ms([*tokens, 1], contexts, seqs, context)
+
+
 #: TTFT of 700 uncached tokens after 300 cached ones, by hand from each of ``all_models()``'s
 #: formula and constants (not from the models' own code)
 TTFT_700_AFTER_300 = {

@@ -91,6 +91,25 @@ def test_decode_runs_change_no_result(case, monkeypatch):
     assert len(fast_log) == fast.summary["iterations"]
 
 
+@pytest.mark.parametrize("case", CASES)
+def test_prefill_iterations_priced_without_iteration_objects_change_no_result(case, monkeypatch):
+    """Without an ``on_iteration`` hook the loop prices an iteration with prefill by
+    ``prefill_ms`` from the chunks' numbers (``Replica.chunk_lists``) and builds no
+    ``Iteration``: the same results as the hooked run, which prices the ``Iteration``. Only a
+    model that overrides ``prefill_ms`` (the roofline) is asked: the others keep pricing the
+    ``Iteration`` the replica builds."""
+    config, model, params = CASES[case]
+    hooked, _ = run(None, monkeypatch, config, model, params)
+    latency = make_latency_model(model, **params)
+    calls, prefill_ms = [], latency.prefill_ms
+    object.__setattr__(latency, "prefill_ms", lambda *a: calls.append(a) or prefill_ms(*a))
+    plain = simulate(traffic(400, 5), config, latency, progress=False)
+    assert bool(calls) == (model == "roofline")
+    assert plain.requests == hooked.requests
+    assert plain.summary == hooked.summary
+    assert plain.memory == hooked.memory
+
+
 def test_decode_runs_are_priced_in_bulk(monkeypatch):
     """The fast path is taken: most decode iterations are priced by ``decode_run_ends`` runs,
     not one event each (counted by the latency model's calls)."""
@@ -98,16 +117,22 @@ def test_decode_runs_are_priced_in_bulk(monkeypatch):
     latency = make_latency_model(model, **params)
     calls = {"iteration": 0, "runs": 0}
     iteration_ms, decode_run_ends = latency.iteration_ms, latency.decode_run_ends
+    prefill_ms = latency.prefill_ms
 
     def count_iteration(it):
         calls["iteration"] += 1
         return iteration_ms(it)
+
+    def count_prefill(*a):
+        calls["iteration"] += 1
+        return prefill_ms(*a)
 
     def count_runs(*a):
         calls["runs"] += 1
         return decode_run_ends(*a)
 
     object.__setattr__(latency, "iteration_ms", count_iteration)
+    object.__setattr__(latency, "prefill_ms", count_prefill)
     object.__setattr__(latency, "decode_run_ends", count_runs)
     res = simulate(traffic(400, 5), config, latency, progress=False)
     iterations = res.summary["iterations"]

@@ -125,6 +125,18 @@ class LatencyModel(ABC):
         them); a model may override it with the same arithmetic, never a different value."""
         return self.iteration_ms(Iteration((), seqs, context_tokens))
 
+    def prefill_ms(
+        self, tokens: list, contexts: list, decode_seqs: int, decode_context_tokens: int
+    ) -> float:
+        """``iteration_ms`` of the iteration with prefill chunks ``PrefillChunk(tokens[i],
+        contexts[i])`` and these decodes. A model may override it with the same arithmetic and
+        no ``Iteration`` built, never a different value; the simulator then prices an iteration
+        with a prefill by it when no hook needs the ``Iteration``."""
+        if len(contexts) != len(tokens):
+            raise ValueError(f"prefill_ms: {len(tokens)} chunk sizes, {len(contexts)} contexts")
+        chunks = tuple(map(PrefillChunk, tokens, contexts))
+        return self.iteration_ms(Iteration(chunks, decode_seqs, decode_context_tokens))
+
     def decode_run_ends(self, seqs: int, context_tokens: int, count: int, start_s: float) -> list:
         """End times (s) of ``count`` decode-only iterations back to back from ``start_s``, the
         decode context growing by ``seqs`` tokens per iteration: ``t = t + decode_ms / 1000``,

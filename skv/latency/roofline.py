@@ -154,6 +154,13 @@ class RooflineLatency(LatencyModel):
         """``iteration_ms`` of a decode-only iteration, term for term as :meth:`_terms`."""
         return self._kernel.decode_ms(seqs, context_tokens)
 
+    def prefill_ms(
+        self, tokens: list, contexts: list, decode_seqs: int, decode_context_tokens: int
+    ) -> float:
+        """:meth:`iteration_ms` of those prefill chunks and decodes, without building the
+        ``Iteration`` (the kernel sums the same numbers in the same order)."""
+        return self._kernel.prefill_ms(tokens, contexts, decode_seqs, decode_context_tokens)
+
     def decode_run_ends(self, seqs: int, context_tokens: int, count: int, start_s: float) -> list:
         """:meth:`decode_ms` step by step in one compiled loop (same operations, same order,
         so the same floats): the simulator's hottest loop in decode-heavy runs."""

@@ -11,7 +11,11 @@ cdef class RooflineKernel:
     cdef public double overhead
 
     cpdef tuple terms(self, object it)
+    cpdef tuple sum_terms(self, double pairs, long long kv_read, long long prefill,
+                          long long decode_seqs, long long decode_ctx)
     cpdef double iteration_ms(self, object it) except? -1.0
+    cpdef double prefill_ms(self, list tokens, list contexts, long long decode_seqs,
+                            long long decode_context_tokens) except? -1.0
     cpdef double decode_ms(self, long long seqs, long long context_tokens) except? -1.0
     cpdef list decode_run_ends(self, long long seqs, long long context_tokens, Py_ssize_t count,
                                double start_s)

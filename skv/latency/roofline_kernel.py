@@ -57,8 +57,19 @@ class RooflineKernel:
             pairs += tok * (ctx + tok / 2.0)
             kv_read += ctx + tok
             prefill += tok
-        decode_ctx: cython.longlong = it.decode_context_tokens
-        tokens: cython.longlong = prefill + it.decode_seqs
+        return self.sum_terms(pairs, kv_read, prefill, it.decode_seqs, it.decode_context_tokens)
+
+    def sum_terms(
+        self,
+        pairs: cython.double,
+        kv_read: cython.longlong,
+        prefill: cython.longlong,
+        decode_seqs: cython.longlong,
+        decode_ctx: cython.longlong,
+    ) -> tuple[float, float, float]:
+        """:meth:`terms` from the prefill chunks' sums (attended pairs, KV tokens read, tokens
+        computed) and the decodes."""
+        tokens: cython.longlong = prefill + decode_seqs
         flops: cython.double = self.two_p * tokens + self.attn * (pairs + decode_ctx)
         nbytes: cython.double = self.weights + self.kv * (kv_read + decode_ctx)
         comm_ms: cython.double = self.comm_fixed + self.comm_per_token * tokens if tokens else 0.0
@@ -66,6 +77,35 @@ class RooflineKernel:
 
     def iteration_ms(self, it: Any) -> float:
         compute_ms, memory_ms, comm_ms = self.terms(it)
+        return max(compute_ms, memory_ms) + comm_ms + self.overhead
+
+    def prefill_ms(
+        self,
+        tokens: list,
+        contexts: list,
+        decode_seqs: cython.longlong,
+        decode_context_tokens: cython.longlong,
+    ) -> float:
+        """:meth:`iteration_ms` of the iteration with prefill chunks ``(tokens[i],
+        contexts[i])`` (tokens, context_before) and these decodes, without building it:
+        :meth:`terms`' sums over the same numbers in the same order, then the same formulas."""
+        if len(contexts) != len(tokens):
+            raise ValueError(f"prefill_ms: {len(tokens)} chunk sizes, {len(contexts)} contexts")
+        pairs: cython.double = 0.0
+        kv_read: cython.longlong = 0
+        prefill: cython.longlong = 0
+        tok: cython.longlong
+        ctx: cython.longlong
+        i: cython.Py_ssize_t
+        for i in range(len(tokens)):
+            tok = tokens[i]
+            ctx = contexts[i]
+            pairs += tok * (ctx + tok / 2.0)
+            kv_read += ctx + tok
+            prefill += tok
+        compute_ms, memory_ms, comm_ms = self.sum_terms(
+            pairs, kv_read, prefill, decode_seqs, decode_context_tokens
+        )
         return max(compute_ms, memory_ms) + comm_ms + self.overhead
 
     def decode_ms(self, seqs: cython.longlong, context_tokens: cython.longlong) -> float:

@@ -13,7 +13,9 @@ run's last end is queued. A request routed to the replica mid-run cuts the run a
 iteration end at or after its arrival, exactly where the iteration-by-iteration loop would have
 admitted it, so results are identical to pricing each iteration as its own event (a test checks
 this). Runs are capped in length (doubling while runs finish uncut, shrinking when cut) so a cut
-wastes little pricing work.
+wastes little pricing work. An iteration with prefill is priced from its chunks' numbers
+(``LatencyModel.prefill_ms``, the price of the same ``Iteration``) when the latency model
+overrides it (the roofline) and no ``on_iteration`` hook needs the ``Iteration`` itself.
 
 This module builds a run (requests in arrival order, their blocks, replicas, router) and
 summarises it; the loop itself is :class:`skv.sim.events.EventLoop`. The loop, the replicas

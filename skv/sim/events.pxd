@@ -27,6 +27,7 @@ cdef class EventLoop:
     cdef public bint include_output_blocks
     cdef public bint tiered
     cdef public bint tier_overlap
+    cdef public bint price_chunks
 
     cpdef push(self, Py_ssize_t k, double end)
     cpdef start_iteration(self, Replica rep, double now)

@@ -17,7 +17,7 @@ from typing import Any
 
 import cython
 
-from skv.latency.base import Iteration
+from skv.latency.base import Iteration, LatencyModel
 from skv.sim.replica import Replica, RequestState
 
 IterationHook = Callable[[int, float, float, Iteration], None]
@@ -70,6 +70,10 @@ class EventLoop:
         self.include_output_blocks = config.include_output_blocks
         self.tiered = bool(config.tiers)
         self.tier_overlap = bool(config.tier_overlap)
+        # an iteration with prefill is priced from its chunks' numbers (no Iteration built)
+        # when no hook needs the Iteration and the model prices them itself
+        own = getattr(type(latency), "prefill_ms", LatencyModel.prefill_ms)
+        self.price_chunks = on_iteration is None and own is not LatencyModel.prefill_ms
 
     def run(self, states: list, router: Any, progress: Callable[[int], Any] | None) -> None:
         """Serve ``states`` (in arrival order) to the end; ``router.choose(rb)`` picks each
@@ -138,8 +142,12 @@ class EventLoop:
         if not chunked and fin and load_ms == 0.0:
             length = min(fin[0][0] - rep.iterations, self.cap[k])
         if length <= 1:
-            if chunked:
-                it = rep.iteration()  # the chunks planned above
+            if chunked and self.price_chunks:
+                tokens, contexts = rep.chunk_lists()  # the chunks planned above
+                ms = self.latency.prefill_ms(tokens, contexts, rep.decoding, rep.decode_context)
+                it = None
+            elif chunked:
+                it = rep.iteration()
                 ms = self.latency.iteration_ms(it)
             else:
                 ms = self.latency.decode_ms(rep.decoding, rep.decode_context)

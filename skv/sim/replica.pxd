@@ -46,6 +46,7 @@ cdef class Replica:
     cpdef list admit(self, double now)
     cpdef object plan(self)
     cpdef object iteration(self)
+    cpdef tuple chunk_lists(self)
     cpdef Py_ssize_t plan_chunks(self)
     cpdef list advance(self, double now)
     cpdef void skip_decodes(self, long long count) except *

@@ -162,6 +162,19 @@ class Replica:
             chunks.append(PrefillChunk(st.chunk, st.cached_tokens + st.prefilled))
         return Iteration(tuple(chunks), self.decoding, self.decode_context)
 
+    def chunk_lists(self) -> tuple[list, list]:
+        """The numbers of :meth:`iteration`'s prefill chunks, in its order: (tokens,
+        context_before) lists, for ``LatencyModel.prefill_ms`` (no objects built)."""
+        tokens = []
+        contexts = []
+        st: RequestState
+        i: cython.Py_ssize_t
+        for i in range(self.chunked):
+            st = self.prefilling[i]
+            tokens.append(st.chunk)
+            contexts.append(st.cached_tokens + st.prefilled)
+        return tokens, contexts
+
     def plan_chunks(self) -> int:
         """:meth:`plan` without building the ``Iteration`` (the event loop's path): sets the
         chunks and returns how many requests got one (the first ``chunked`` of

@@ -30,7 +30,6 @@ overestimated near the knee, the same way for every router.
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -38,7 +37,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from skv.blocks import RequestBlocks
+from skv.blocks import retimed
 from skv.latency import make_latency_model
 from skv.latency.gpus import get_gpu
 from skv.model import Request
@@ -122,33 +121,28 @@ def retime_point(run: CompiledRun, arrivals: Sequence[float]) -> CompiledRun:
     generating or keying them again. Exact because the times never decrease (the compile's sort by
     (time, index) keeps the run's order), a hash-id request's blocks depend only on its ids and
     the requests before it (``compile_trace`` keys in order) and hash-id requests cache no
-    answers. The new requests and blocks share the run's lists, which nothing mutates."""
+    answers. The new requests and blocks share the run's lists, which nothing mutates; each
+    request is built from its fields in :class:`~skv.model.Request`'s order (what
+    ``dataclasses.replace(r, arrival_s=t)`` builds, with ``extra`` copied; a test checks) and
+    the blocks by :func:`skv.blocks.retimed`, both without per-field keyword passing."""
     n = len(arrivals)
     if n > len(run.requests):
         raise ValueError(f"retime_point: {n} times for a run of {len(run.requests)} requests")
-    if any(b < a for a, b in itertools.pairwise(arrivals)):
+    times = np.asarray(arrivals, dtype=np.float64)
+    if n > 1 and bool((times[1:] < times[:-1]).any()):
         raise ValueError("retime_point: arrival times must never decrease")
     if run.answers and any(ext is not None for ext, _ in run.answers[:n]):
         raise ValueError("retime_point: requests with answer blocks (not hash-id requests)")
     with no_cyclic_gc():  # plain data, as compile_run builds it
         requests = tuple(
             Request(
-                r.request_id, t, r.segments, output_tokens=r.output_tokens,
-                session_id=r.session_id, tenant_id=r.tenant_id, turn=r.turn,
-                parent_id=r.parent_id, templated=r.templated, hash_ids=r.hash_ids,
-                hash_block_size=r.hash_block_size, observed_ttft_ms=r.observed_ttft_ms,
-                observed_cached_tokens=r.observed_cached_tokens, output_hash=r.output_hash,
-                extra=dict(r.extra),
+                r.request_id, t, r.segments, r.output_tokens, r.session_id, r.tenant_id,
+                r.turn, r.parent_id, r.templated, r.hash_ids, r.hash_block_size,
+                r.observed_ttft_ms, r.observed_cached_tokens, r.output_hash, dict(r.extra),
             )
             for r, t in zip(run.requests[:n], arrivals, strict=True)
         )  # fmt: skip
-        trace = tuple(
-            RequestBlocks(
-                rb.index, t, rb.keys, rb.parents, rb.tokens, rb.stypes, rb.seg_tokens,
-                rb.session, rb.turn, rb.templated, rb.block_size, rb.next_use, rb.prompt_tokens,
-            )
-            for rb, t in zip(run.trace[:n], arrivals, strict=True)
-        )  # fmt: skip
+        trace = tuple(retimed(run.trace, arrivals))
     return CompiledRun(run.key, requests, trace, run.answers[:n])
 
 

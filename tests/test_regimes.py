@@ -94,6 +94,36 @@ def test_shared_axes_put_their_settings_in_one_task_and_change_no_row(grid):
     assert [c[3] for c in CALLS] == [1, 2] * (len(CALLS) // 2)
 
 
+class OneTask(R.RegimeConfig):
+    """Every setting in one task, run load by load (``run_key``)."""
+
+    def task_key(self, setting: dict) -> None:
+        return None
+
+    def run_key(self, setting: dict) -> int:
+        return setting["load"]
+
+
+def test_run_key_orders_a_task_and_changes_no_row(grid):
+    """Within a task, settings of one ``run_key`` run back to back (grid order inside each),
+    and the rows are those of the ungrouped grid, in the grid's order."""
+    _cfg, rows, _ = grid
+    one = OneTask.model_validate({**BASE, "secondary": {"hit": "higher"}})
+    CALLS.clear()
+    got = R.run_grid(one, counting_cell, jobs=1)
+    assert len(CALLS) == 4 * 3
+    pd.testing.assert_frame_equal(got, rows)
+    # the grid's order is load-major already: swap it, so the grouping shows
+    swapped = OneTask.model_validate(
+        {**BASE, "axes": {"mix": ["a", "b"], "load": [1, 2], "think": [0.5]},
+         "secondary": {"hit": "higher"}}
+    )  # fmt: skip
+    CALLS.clear()
+    R.run_grid(swapped, counting_cell, jobs=1)
+    per_seed = [c for c in CALLS if c[2] == 0]
+    assert [(c[0], c[3]) for c in per_seed] == [("a", 1), ("b", 1), ("a", 2), ("b", 2)]
+
+
 def test_ratio_is_baseline_over_method_paired_per_seed(grid):
     _, _, table = grid
     row = table[(table["load"] == "1") & (table["mix"] == "a")].iloc[0]

@@ -1,8 +1,10 @@
 """The repurpose studies' shortcuts give the numbers of the long way, exactly: a replay that
 reads only the cache's totals (:func:`.study.replay_stats`), the regime map's cells run once
-per distinct run (``cell_key``) and grouped by workload (``task_key``), the tiered sweep's
-free run shared by stacks whose tiers differ only in their links, and ``zipf_rag``'s kept
-document lengths. Tiny configs: the quick runs do not reach every path (quick regimes hold
+per distinct run (``cell_key``) and grouped by draw (``task_key``) and workload (``run_key``),
+its layouts of one ``zipf_rag`` draw (:class:`zipf_rag.Layouts`), its segment-keyed hit rate
+read from the totals where an ``lru`` cache evicts nothing, the tiered sweep's free run
+shared by stacks whose tiers differ only in their links, and ``zipf_rag``'s kept document
+lengths. Tiny configs: the quick runs do not reach every path (quick regimes hold
 ``doc_order`` at one value)."""
 
 from __future__ import annotations
@@ -19,8 +21,17 @@ from skv.experiments.repurpose import regimes as RR
 from skv.experiments.repurpose import study as S
 from skv.experiments.repurpose import tiered as RT
 from skv.replay import compile_trace
-from skv.workloads import WORKLOADS
-from skv.workloads.zipf_rag import ZipfRagParams
+from skv.workloads import WORKLOADS, zipf_rag
+from skv.workloads.base import (
+    Chat,
+    Context,
+    Message,
+    ZipfSampler,
+    draw_length,
+    poisson_arrivals,
+    rng_for,
+)
+from skv.workloads.zipf_rag import Layouts, ZipfRagParams
 
 REPO = Path(__file__).resolve().parents[1]
 REGIMES = REPO / "experiments/repurpose/repurpose_regimes.yaml"
@@ -92,6 +103,99 @@ def test_regime_replay_equals_the_old_replay(changes):
             for cap in (600, 2000, 10**6):
                 new, old = RR.replay(k, policy, cap), _old_replay(k, policy, cap)
                 assert list(new) == list(old) and repr(new) == repr(old)  # NaN equals NaN
+
+
+def _old_chats(params: ZipfRagParams, ctx: Context) -> list[Chat]:
+    """``zipf_rag.chats`` as it was at 5a4f547: draws and layout in one loop."""
+    from skv.workloads.zipf_rag import NAME, _history, _system, document
+
+    p = params
+    tg = ctx.textgen
+    rng = rng_for(p.seed, NAME, "content")
+    arrivals = poisson_arrivals(rng_for(p.seed, NAME, "arrivals"), p.num_requests, p.rate_rps)
+    zipf = ZipfSampler(p.corpus_size, p.zipf_alpha)
+    fixed = Message("system", (tg.text(f"{NAME}/fixed_prefix", 0, p.fixed_prefix_tokens),))
+    systems = [Message("system", (_system(tg, k, p),)) for k in range(p.num_system_prompts)]
+    histories: dict = {}
+    docs: dict = {}
+    out = []
+    for i, t in enumerate(arrivals):
+        if rng.random() < p.fixed_prefix_fraction:
+            head, variant = [fixed], "fixed"
+        else:
+            s = int(rng.integers(0, p.num_system_prompts))
+            h = int(rng.integers(0, p.num_histories))
+            hist = histories.get(h)
+            if hist is None:
+                u, a = _history(tg, h, p)
+                hist = histories[h] = (Message("user", (u,)), Message("assistant", (a,)))
+            head, variant = [systems[s], *hist], f"{s}/{h}"
+        doc_ids = zipf.sample_distinct(rng, p.docs_per_request)
+        if p.doc_order == "sorted":
+            doc_ids = sorted(doc_ids)
+        sections = []
+        for d in doc_ids:
+            text = docs.get(d)
+            if text is None:
+                text = docs[d] = document(tg, d, p)
+            sections.append(text)
+        question = tg.fresh(rng, draw_length(rng, p.question_tokens, p.length_sigma))
+        asked = tg.join("Question:", question)
+        if p.docs_first and variant != "fixed":
+            messages = [Message("user", tuple(sections)), *head, Message("user", (asked,))]
+        else:
+            messages = [*head, Message("user", (*sections, asked))]
+        out.append(
+            Chat(
+                request_id=f"{ctx.id_prefix}{NAME}-{i:06d}",
+                arrival_s=ctx.time_offset_s + t,
+                messages=messages,
+                output_tokens=draw_length(rng, p.output_tokens, p.length_sigma),
+                extra={"doc_ids": doc_ids, "prefix": variant},
+            )
+        )
+    return out
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_layouts_of_one_draw_are_the_fresh_workloads(k):
+    """``zipf_rag``'s chats, drawn then laid out, are those of the one loop it had; and every
+    layout of one draw (:class:`zipf_rag.Layouts`, the regime map's workloads) gives the
+    requests ``WORKLOADS["zipf_rag"]`` makes for it, in any order of asking."""
+    base = ZipfRagParams(num_requests=150, seed=3, docs_per_request=k, fixed_prefix_fraction=0.3)
+    layouts = Layouts(base)
+    for order in ("sorted", "retrieval"):
+        for docs_first in (True, False):
+            p = ZipfRagParams(**{**base.model_dump(), "doc_order": order, "docs_first": docs_first})
+            old = _old_chats(p, Context.for_params(p))
+            new = zipf_rag.chats(p, Context.for_params(p))
+            assert new == old and repr(new) == repr(old)
+            got, want = layouts.requests(p), WORKLOADS["zipf_rag"](p)
+            assert want == Context.for_params(p).renderer.render(old)
+            assert got == want
+            assert [r.extra for r in got] == [r.extra for r in want]
+            assert repr(got) == repr(want)
+            again = RR.workload_requests(p.model_dump_json())
+            assert again == want and [r.extra for r in again] == [r.extra for r in want]
+    with pytest.raises(ValueError, match="other than the layout"):
+        layouts.requests(ZipfRagParams(**{**base.model_dump(), "seed": 4}))
+
+
+@pytest.mark.parametrize("changes", [{}, {"docs_first": True}, {"docs_per_request": 1}])
+def test_an_lru_cache_with_room_for_every_block_hits_the_ceiling(changes):
+    """Segment keying's hit rate read from the trace's totals (:func:`.regimes.no_eviction`)
+    is the replay's, and the shortcut is taken exactly where it holds."""
+    trace = compile_trace(_rag(**changes), block_size=16, mode="segment")
+    k = RR.keyed(trace)
+    unique = k.totals.unique_blocks
+    for policy in ("lru", "s3fifo"):
+        for cap in (60, 600, unique - 1, unique, unique + 1, 10**6):
+            assert RR.no_eviction(k, policy, cap) == (policy == "lru" and cap >= unique)
+            stats = S.replay_stats(trace, policy, cap)
+            want = stats.hit_tokens / k.totals.prompt_tokens
+            assert RR.replay(k, policy, cap)["token_hit_rate"] == want
+            if RR.no_eviction(k, policy, cap):
+                assert stats.evictions == 0
 
 
 def test_one_document_in_either_order_is_the_same_workload():
@@ -180,17 +284,25 @@ def _same(row: pd.Series, want: dict[str, float]) -> bool:
     return repr({m: float(row[m]) for m in want}) == repr(want)  # repr: NaN equals NaN
 
 
+def _clear_caches() -> None:
+    for f in (RR.workload_layouts, RR.workload_requests, RR.keyed_traces):
+        f.cache_clear()
+
+
 def test_the_map_runs_each_distinct_cell_once_with_the_old_numbers():
     cfg = _tiny_map()
     CALLS.clear()
-    RR.keyed_traces.cache_clear()
+    _clear_caches()
     rows = R.run_grid(cfg, counting_cell, jobs=1)
     if not CALLS:
         pytest.skip("cells ran on an SKV_DASK cluster")
     # 16 settings x 2 seeds, of which k = 1 sorted (4 settings) repeats k = 1 retrieval
     assert len(CALLS) == (16 - 4) * 2
     assert not any(c["docs_per_request"] == 1 and c["doc_order"] == "sorted" for c in CALLS)
-    # one build per workload and seed: a workload's capacities are one task
+    # one draw per k and seed: its layouts and capacities are one task
+    assert RR.workload_layouts.cache_info().misses == 2 * 2
+    # one build per workload and seed: a workload's capacities run back to back
+    assert RR.workload_requests.cache_info().misses == (8 - 2) * 2
     assert RR.keyed_traces.cache_info().misses == (8 - 2) * 2
     by_label = {tuple(R.axis_label(v) for v in s.values()): s for s in cfg.settings()}
     for _, row in rows.iterrows():
@@ -204,16 +316,21 @@ def test_the_map_runs_each_distinct_cell_once_with_the_old_numbers():
 def test_toggles_of_one_workload_share_a_task_and_keep_their_numbers():
     cfg = _tiny_map()
     CALLS.clear()
-    RR.keyed_traces.cache_clear()
+    _clear_caches()
     rows = R.run_toggles(cfg, counting_cell, jobs=1)
     if not CALLS:
         pytest.skip("cells ran on an SKV_DASK cluster")
     named = cfg.toggle_settings()
-    assert len(CALLS) == len(named) * 2
-    # at, policy_s3fifo and model_qwen2.5_7b replay one workload: built once per seed
-    assert RR.keyed_traces.cache_info().misses == (len(named) - 2) * 2
+    seeds = sorted(set(rows["seed"]))  # the ledger's seeds (its own, where it has them)
+    n = len(seeds)
+    assert len(CALLS) == len(named) * n
+    # at, policy_s3fifo and model_qwen2.5_7b replay one workload: compiled once per seed
+    assert RR.keyed_traces.cache_info().misses == (len(named) - 2) * n
+    # ... and block_size_32 the same requests, built once per seed with theirs
+    assert RR.workload_requests.cache_info().misses == (len(named) - 3) * n
+    assert RR.workload_layouts.cache_info().misses == (len(named) - 3) * n
     for name, setting in named:
-        for seed in cfg.seeds:
+        for seed in seeds:
             want = _fresh_cell(cfg, setting, seed)
             d = rows[(rows["toggle"] == name) & (rows["seed"] == seed)]
             assert len(d) == 2

@@ -261,6 +261,12 @@ class RegimeConfig(BaseModel):
         ``shared_axes``."""
         return tuple((k, axis_label(v)) for k, v in setting.items() if k not in self.shared_axes)
 
+    def run_key(self, setting: dict[str, Any]) -> Any:
+        """Within a task, settings with equal keys run back to back (each group in the grid's
+        order, the groups in the order of their first setting), so a cell that keeps only its
+        last compiled trace builds it once per key. Default None: the grid's order."""
+        return None
+
     def in_paper_setup(self, setting: dict[str, Any]) -> bool:
         return all(
             axis_label(setting[name]) in {axis_label(v) for v in values}
@@ -315,17 +321,20 @@ def _run_settings(
     cfg: RegimeConfig, cell: Cell, settings: list[dict[str, Any]], *, jobs: int | None, label: str
 ) -> dict[tuple[int, int], dict[str, dict[str, float]]]:
     """``(setting index, seed) -> cell result`` for every setting and seed of ``cfg``; settings
-    with equal ``cfg.task_key`` share a task, and of settings with equal ``cfg.cell_key`` (not
-    None) only the first runs: the others get its result (the same object)."""
+    with equal ``cfg.task_key`` share a task (ordered by ``cfg.run_key``), and of settings with
+    equal ``cfg.cell_key`` (not None) only the first runs: the others get its result (the same
+    object)."""
     first: dict[Any, int] = {}
     runs = []  # per setting, the setting whose cell it takes
     for i, s in enumerate(settings):
         key = cfg.cell_key(s)
         runs.append(i if key is None else first.setdefault(key, i))
-    groups: dict[Any, list[int]] = {}
+    groups: dict[Any, dict[Any, list[int]]] = {}
     for i in dict.fromkeys(runs):
-        groups.setdefault(cfg.task_key(settings[i]), []).append(i)
-    index = [(members, seed) for members in groups.values() for seed in cfg.seeds]
+        s = settings[i]
+        groups.setdefault(cfg.task_key(s), {}).setdefault(cfg.run_key(s), []).append(i)
+    tasks_of = [[i for run in by_run.values() for i in run] for by_run in groups.values()]
+    index = [(members, seed) for members in tasks_of for seed in cfg.seeds]
     tasks = [(cell, cfg, [settings[i] for i in members], seed) for members, seed in index]
     done = run_sweep(_task, tasks, jobs=jobs, label=label)
     ran = {

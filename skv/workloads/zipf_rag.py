@@ -34,11 +34,14 @@ infinite cache), computed from these parameters.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 from pydantic import Field, model_validator
 
+from skv.model import Request
+from skv.runtime import no_cyclic_gc
 from skv.workloads.base import (
     MAX_CATALOGUE,
     MAX_PER_REQUEST,
@@ -169,7 +172,32 @@ def chats(params: ZipfRagParams, ctx: Context) -> list[Chat]:
     ``Question: ...``. With ``docs_first`` a drawn-prefix request is ``[user documents, system
     s, user h, assistant h, user question]`` instead. ``extra``: ``doc_ids`` and ``prefix``
     (``"fixed"`` or ``"s/h"``).
+
+    The random draws (:func:`draws`) do not depend on the layout (``doc_order``,
+    ``docs_first``), which :func:`laid_out` applies to them.
     """
+    return laid_out(draws(params, ctx), params)
+
+
+@dataclass(frozen=True, slots=True)
+class Drawn:
+    """One request of :func:`chats` before its layout: its head messages (the fixed prefix,
+    or system prompt and history), its documents in draw order, the question and its answer's
+    length."""
+
+    request_id: str
+    arrival_s: float
+    head: tuple[Message, ...]
+    variant: str
+    doc_ids: list[int]
+    sections: tuple[str, ...]
+    asked: str
+    output_tokens: int
+
+
+def draws(params: ZipfRagParams, ctx: Context) -> list[Drawn]:
+    """Every random draw of :func:`chats`, in its order; ``params.doc_order`` and
+    ``params.docs_first`` are not read."""
     p = params
     tg = ctx.textgen
     rng = rng_for(p.seed, NAME, "content")
@@ -182,7 +210,7 @@ def chats(params: ZipfRagParams, ctx: Context) -> list[Chat]:
     out = []
     for i, t in enumerate(arrivals):
         if rng.random() < p.fixed_prefix_fraction:
-            head, variant = [fixed], "fixed"
+            head, variant = (fixed,), "fixed"
         else:
             s = int(rng.integers(0, p.num_system_prompts))
             h = int(rng.integers(0, p.num_histories))
@@ -190,10 +218,8 @@ def chats(params: ZipfRagParams, ctx: Context) -> list[Chat]:
             if hist is None:
                 u, a = _history(tg, h, p)
                 hist = histories[h] = (Message("user", (u,)), Message("assistant", (a,)))
-            head, variant = [systems[s], *hist], f"{s}/{h}"
+            head, variant = (systems[s], *hist), f"{s}/{h}"
         doc_ids = zipf.sample_distinct(rng, p.docs_per_request)
-        if p.doc_order == "sorted":
-            doc_ids = sorted(doc_ids)
         sections: list[str] = []
         for d in doc_ids:
             text = docs.get(d)
@@ -202,20 +228,72 @@ def chats(params: ZipfRagParams, ctx: Context) -> list[Chat]:
             sections.append(text)
         question = tg.fresh(rng, draw_length(rng, p.question_tokens, p.length_sigma))
         asked = tg.join("Question:", question)
-        if p.docs_first and variant != "fixed":
-            messages = [Message("user", tuple(sections)), *head, Message("user", (asked,))]
-        else:
-            messages = [*head, Message("user", (*sections, asked))]
         out.append(
-            Chat(
+            Drawn(
                 request_id=f"{ctx.id_prefix}{NAME}-{i:06d}",
                 arrival_s=ctx.time_offset_s + t,
-                messages=messages,
+                head=head,
+                variant=variant,
+                doc_ids=doc_ids,
+                sections=tuple(sections),
+                asked=asked,
                 output_tokens=draw_length(rng, p.output_tokens, p.length_sigma),
-                extra={"doc_ids": doc_ids, "prefix": variant},
             )
         )
     return out
+
+
+def laid_out(drawn: list[Drawn], params: ZipfRagParams) -> list[Chat]:
+    """The chats of :func:`draws` in ``params``' layout (``doc_order``, ``docs_first``; no
+    other field is read). Each chat has its own ``doc_ids`` list, so one draw can be laid out
+    several ways."""
+    by_id = params.doc_order == "sorted"
+    docs_first = params.docs_first
+    out = []
+    for d in drawn:
+        doc_ids, sections = d.doc_ids, d.sections
+        if by_id:  # the ids are distinct: one order
+            order = sorted(range(len(doc_ids)), key=doc_ids.__getitem__)
+            doc_ids = [doc_ids[j] for j in order]
+            sections = tuple(sections[j] for j in order)
+        else:
+            doc_ids = list(doc_ids)
+        if docs_first and d.variant != "fixed":
+            messages = [Message("user", sections), *d.head, Message("user", (d.asked,))]
+        else:
+            messages = [*d.head, Message("user", (*sections, d.asked))]
+        out.append(
+            Chat(
+                request_id=d.request_id,
+                arrival_s=d.arrival_s,
+                messages=messages,
+                output_tokens=d.output_tokens,
+                extra={"doc_ids": doc_ids, "prefix": d.variant},
+            )
+        )
+    return out
+
+
+class Layouts:
+    """The requests of one ``zipf_rag`` workload in each layout (``doc_order``,
+    ``docs_first``), drawn once: ``requests(p)`` equals ``WORKLOADS["zipf_rag"](p)`` for every
+    ``p`` that differs from ``params`` in those two fields at most (the same context and
+    rendering as the registry's; a test compares them). Its renderer's section cache is
+    shared by the layouts (the same texts, laid out differently)."""
+
+    def __init__(self, params: ZipfRagParams) -> None:
+        self.params = params
+        self.ctx = Context.for_params(params)
+        with no_cyclic_gc():
+            self.drawn = draws(params, self.ctx)
+
+    def requests(self, params: ZipfRagParams) -> list[Request]:
+        """The requests of ``params``, a layout of this workload."""
+        layout = {"doc_order": params.doc_order, "docs_first": params.docs_first}
+        if params != self.params.model_copy(update=layout):
+            raise ValueError("Layouts.requests: parameters other than the layout differ")
+        with no_cyclic_gc():
+            return self.ctx.renderer.render(laid_out(self.drawn, params))
 
 
 # ----------------------------------------------------------------------------------------

@@ -5,11 +5,14 @@ structure around the capacity study's setting: the cache (``capacity``), the sha
 on the one fixed prefix, whether the system prompt and history before the documents recur
 (``num_histories``: 32 variants, or so many that each is new), the documents per request,
 where the varying part sits (``docs_first``) and the documents' order (``doc_order``). Each
-(setting, seed) is one workload, compiled once per keying and replayed once through the same
-``lru`` cache (the capacity study's replay, :func:`skv.experiments.repurpose.study.chain_hits`,
-through its totals: :func:`~skv.experiments.repurpose.study.replay_stats`), so
-the two keyings are paired within a seed. Settings that make the same cell (equal
-:meth:`RepurposeRegimeConfig.cell_key`) run once.
+(setting, seed) is one workload (its layouts, ``docs_first`` and ``doc_order``, are laid out
+from one draw: :class:`skv.workloads.zipf_rag.Layouts`), compiled once per keying and replayed
+once through the same ``lru`` cache (the capacity study's replay,
+:func:`skv.experiments.repurpose.study.chain_hits`, through its totals:
+:func:`~skv.experiments.repurpose.study.replay_stats`; a segment-keyed cache with room for
+every unique block evicts nothing, and its hits are read from the trace's totals:
+:func:`replay`), so the two keyings are paired within a seed. Settings that make the
+same cell (equal :meth:`RepurposeRegimeConfig.cell_key`) run once.
 
 What explains prefix caching's level. Under prefix keying a request hits one leading run of
 its prompt, so its hit tokens split exactly into those of blocks before the first document
@@ -85,9 +88,16 @@ class RepurposeRegimeConfig(R.RegimeConfig):
         )  # fmt: skip
 
     def task_key(self, setting: dict[str, Any]) -> tuple[Any, ...]:
-        """Settings of one workload and block size (:func:`keyed_traces`' arguments, the seed
-        aside) share a task, so it is built and compiled once for all of them (the
-        capacities, and toggles that change only the policy or the model)."""
+        """Settings of one workload's draws (:func:`workload_layouts`' argument, the seed
+        aside) share a task, so it is drawn once for all of them: the capacities, the layouts
+        (``doc_order``, ``docs_first``), and toggles that change only the policy, the model or
+        the block size."""
+        run, axes = effective(self, setting)
+        return (layout_free(canonical_params(run, axes)),)
+
+    def run_key(self, setting: dict[str, Any]) -> tuple[Any, ...]:
+        """Within a task, the settings of one workload and block size (:func:`keyed_traces`'
+        arguments, the seed aside) run back to back, so it is compiled once for them."""
         run, axes = effective(self, setting)
         return (canonical_params(run, axes), run.block_size)
 
@@ -153,18 +163,29 @@ def replay(k: Keyed, policy: str, capacity: int) -> dict[str, float]:
     many of its tokens are document blocks and how many come before them (only where every
     request is one chain, else NaN).
 
+    An ``lru`` cache with room for every unique block of the trace never evicts (it holds at
+    most the keys seen so far, and an access caches its misses), so each chain hits its
+    leading run of keys seen before: the infinite-cache ceiling of
+    :func:`skv.replay.trace_totals`. Where only the hit tokens are read (not every request
+    one chain: segment keying at 1 TB) they are that ceiling's, not replayed
+    (:func:`no_eviction`).
+
     Where every request is one chain, its hit blocks are the leading run of its blocks that
     the cache holds (a block is cached only with its parent; nothing is evicted before the
     request's first miss, and its hits are pinned after it), so the document tokens of that
     run, summed over the requests, are the cache's hit tokens of document blocks
     (``hit_tokens_by_type``: counted per hit block by the block's type in the request)."""
     prompt = k.totals.prompt_tokens
-    stats = S.replay_stats(k.trace, policy, capacity)
-    hit = stats.hit_tokens
     if not k.single:
+        if no_eviction(k, policy, capacity):
+            hit = k.totals.ceiling_hit_tokens
+        else:
+            hit = S.replay_stats(k.trace, policy, capacity).hit_tokens
         nan = float("nan")
         return {"token_hit_rate": hit / prompt, "doc_hit_rate": nan, "head_hit_rate": nan,
                 "head_share": k.head_share}  # fmt: skip
+    stats = S.replay_stats(k.trace, policy, capacity)
+    hit = stats.hit_tokens
     doc_hits = stats.hit_tokens_by_type[DOC]
     return {
         "token_hit_rate": hit / prompt,
@@ -172,6 +193,13 @@ def replay(k: Keyed, policy: str, capacity: int) -> dict[str, float]:
         "head_hit_rate": (hit - doc_hits) / prompt,
         "head_share": k.head_share,
     }
+
+
+def no_eviction(k: Keyed, policy: str, capacity: int) -> bool:
+    """Whether a replay of ``k`` at ``capacity`` blocks hits exactly the trace's ceiling
+    (``k.totals.ceiling_hit_tokens``): ``lru`` with room for every unique block (:func:`replay`).
+    A test compares both ways at capacities around the unique blocks."""
+    return policy == "lru" and capacity >= k.totals.unique_blocks
 
 
 def head_share(trace: Any, totals: Any) -> float:
@@ -189,17 +217,54 @@ def head_share(trace: Any, totals: Any) -> float:
     return head / totals.prompt_tokens
 
 
-@functools.lru_cache(maxsize=1)
-def keyed_traces(params_json: str, block_size: int) -> dict[str, Keyed]:
-    """The workload of ``params_json`` (``ZipfRagParams``) compiled under each keying. The last
-    one is kept: the cells of one task (:meth:`RepurposeRegimeConfig.task_key`: one workload
-    and block size) build it once."""
-    from skv.replay import compile_trace
-    from skv.workloads import WORKLOADS
+def layout_free(params_json: str) -> str:
+    """``params_json`` (``ZipfRagParams``) with the default layout (``doc_order``
+    ``retrieval``, ``docs_first`` false): equal strings, the same draws
+    (:func:`skv.workloads.zipf_rag.draws` reads neither field)."""
     from skv.workloads.zipf_rag import ZipfRagParams
 
-    requests = WORKLOADS["zipf_rag"](ZipfRagParams.model_validate_json(params_json))
-    return {m: keyed(compile_trace(requests, block_size=block_size, mode=m)) for m in MODES}
+    default = {"doc_order": "retrieval", "docs_first": False}
+    return (
+        ZipfRagParams.model_validate_json(params_json).model_copy(update=default).model_dump_json()
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def workload_layouts(draw_json: str) -> Any:
+    """The draws of the workload ``draw_json`` (:func:`layout_free` parameters), laid out on
+    request (:class:`skv.workloads.zipf_rag.Layouts`). The last one is kept: the cells of one
+    task (:meth:`RepurposeRegimeConfig.task_key`) draw it once."""
+    from skv.workloads.zipf_rag import Layouts, ZipfRagParams
+
+    return Layouts(ZipfRagParams.model_validate_json(draw_json))
+
+
+@functools.lru_cache(maxsize=1)
+def workload_requests(params_json: str) -> list[Any]:
+    """The requests of ``params_json`` (``ZipfRagParams``), equal to ``WORKLOADS["zipf_rag"]``'s
+    (:class:`~skv.workloads.zipf_rag.Layouts`), from the draws of its :func:`layout_free`
+    parameters. The last workload is kept: the cells of one workload build it once, whatever
+    their block sizes."""
+    from skv.workloads.zipf_rag import ZipfRagParams
+
+    params = ZipfRagParams.model_validate_json(params_json)
+    return workload_layouts(layout_free(params_json)).requests(params)
+
+
+@functools.lru_cache(maxsize=1)
+def keyed_traces(params_json: str, block_size: int) -> dict[str, Keyed]:
+    """The workload of ``params_json`` (:func:`workload_requests`) compiled under each keying.
+    The last one is kept: the cells of one workload and block size compile it once. Compiled
+    with the cyclic collector paused (:func:`skv.runtime.no_cyclic_gc`, as the workload's
+    generation and the replay are): its collections walked the requests and blocks again and
+    again, about a tenth of a cell's time; what compiling drops is freed by reference
+    counting."""
+    from skv.replay import compile_trace
+    from skv.runtime import no_cyclic_gc
+
+    requests = workload_requests(params_json)
+    with no_cyclic_gc():
+        return {m: keyed(compile_trace(requests, block_size=block_size, mode=m)) for m in MODES}
 
 
 def cell(

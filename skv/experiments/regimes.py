@@ -336,7 +336,9 @@ def _run_settings(
     tasks_of = [[i for run in by_run.values() for i in run] for by_run in groups.values()]
     index = [(members, seed) for members in tasks_of for seed in cfg.seeds]
     tasks = [(cell, cfg, [settings[i] for i in members], seed) for members, seed in index]
-    done = run_sweep(_task, tasks, jobs=jobs, label=label)
+    # one task at a time to a process: a map's tasks are few and long (a KV-Repurpose task is a
+    # workload's every setting), and dask's batches of 6 left one process idle at the end
+    done = run_sweep(_task, tasks, jobs=jobs, label=label, chunksize=1)
     ran = {
         (i, seed): result
         for (members, seed), results in zip(index, done, strict=True)

@@ -71,29 +71,6 @@ def test_toggles_run_the_at_setting_and_each_change_with_method_and_reference_on
     assert values["toggles_censored"] == 1
 
 
-def test_the_ledger_runs_on_its_own_seeds_and_the_grid_on_the_maps():
-    """A ledger row can take more seeds than the grid (its config's toggles.seeds): its runs,
-    table and claim values are over those seeds, while the grid keeps the map's."""
-    cfg = toy(toggles={**BASE["toggles"], "seeds": [0, 1, 2, 3, 4]})
-    assert cfg.seeds == [0, 1, 2]
-    rows = R.run_toggles(cfg, toy_cell, jobs=1)
-    assert sorted(set(rows["seed"])) == [0, 1, 2, 3, 4]
-    assert len(rows) == 3 * 5 * 2
-    table = R.toggle_table(cfg, rows).set_index("toggle")
-    seeds = 1 + 0.01 * np.arange(5)
-    assert table.loc["boost", "delta"] == pytest.approx(np.mean(0.4 * seeds))
-    values = R.toggle_claim_values(cfg, table.reset_index())
-    assert values["toggle_boost_delta"]["n"] == 5
-    grid = R.run_grid(cfg, toy_cell, jobs=1)
-    assert sorted(set(grid["seed"])) == [0, 1, 2]
-
-
-@pytest.mark.parametrize("seeds", [[0], list(range(11))])
-def test_ledger_seeds_are_bounded_like_the_maps(seeds):
-    with pytest.raises(ValueError, match="seeds"):
-        toy(toggles={**BASE["toggles"], "seeds": seeds})
-
-
 def test_toggles_holds_counts_the_changes_not_the_untoggled_setting():
     cfg = toy(toggles={"at": {"load": 2, "mix": "a"}, "changes": {"boost": {"boost": 1.4}}})
     table = R.toggle_table(cfg, R.run_toggles(cfg, toy_cell, jobs=1))

@@ -82,28 +82,6 @@ def test_a_sweep_gives_byte_identical_results_on_a_local_cluster(monkeypatch):
     assert no_new_children(before) == set()
 
 
-def pid_task(seed: int) -> tuple[int, int]:
-    """The seed and the process that ran it, after a pause (so one process cannot take both
-    of two tasks before the other starts)."""
-    time.sleep(1.0)
-    return seed, os.getpid()
-
-
-def test_chunksize_one_hands_a_few_tasks_to_every_process(monkeypatch):
-    """dask's multiprocessing scheduler batches 6 tasks by default: two tasks ran one after
-    the other in one process. With ``chunksize=1`` each process takes one task at a time; the
-    results are the same, in task order."""
-    monkeypatch.delenv("SKV_DASK", raising=False)
-    batched = run_sweep(pid_task, [0, 1], jobs=2)
-    spread = run_sweep(pid_task, [0, 1], jobs=2, chunksize=1)
-    assert [s for s, _ in batched] == [s for s, _ in spread] == [0, 1]
-    assert len({p for _, p in batched}) == 1
-    assert len({p for _, p in spread}) == 2
-    assert run_sweep(draws_task, list(range(7)), jobs=2, chunksize=1) == [
-        draws_task(s) for s in range(7)
-    ]
-
-
 def test_a_failing_task_is_named_in_every_mode(monkeypatch):
     monkeypatch.delenv("SKV_DASK", raising=False)
     before = children()

@@ -69,20 +69,16 @@ UNTOGGLED = "none"
 class Toggles(BaseModel):
     """The deviation ledger's measured rows (ARTIFACT.md): one setting (``at``: a value for
     every axis) run as it is and once per change, each change one difference from the paper's
-    setup undone or varied, on the map's cells (method and reference only: the ledger's
-    effect is on the paper's comparison) and on ``seeds`` (default: the map's). A change's key
-    is what a setting's key can be (an axis, or a workload parameter the study's cell reads by
-    name) or ``config.<dotted path>`` into the config the cell runs (:func:`with_paths`). A
-    field the cell does not read changes nothing; each study's ``setting_config`` says what
-    its cell reads."""
+    setup undone or varied, on the map's seeds and cells (method and reference only: the
+    ledger's effect is on the paper's comparison). A change's key is what a setting's key can
+    be (an axis, or a workload parameter the study's cell reads by name) or ``config.<dotted
+    path>`` into the config the cell runs (:func:`with_paths`). A field the cell does not read
+    (the seeds: the map's own) changes nothing; each study's ``setting_config`` says what its
+    cell reads."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     at: dict[str, Any]
     changes: dict[str, dict[str, Any]] = Field(min_length=1, max_length=16)
-    #: the ledger's own seeds, where they differ from the map's: a ledger row is one setting
-    #: and a few changes, so it can afford more seeds (tighter paired intervals) than a grid
-    #: of dozens of settings; None: the map's seeds
-    seeds: list[int] | None = Field(default=None, min_length=2, max_length=10)
 
     @model_validator(mode="after")
     def _check(self) -> Toggles:
@@ -336,9 +332,7 @@ def _run_settings(
     tasks_of = [[i for run in by_run.values() for i in run] for by_run in groups.values()]
     index = [(members, seed) for members in tasks_of for seed in cfg.seeds]
     tasks = [(cell, cfg, [settings[i] for i in members], seed) for members, seed in index]
-    # one task at a time to a process: a map's tasks are few and long (a KV-Repurpose task is a
-    # workload's every setting), and dask's batches of 6 left one process idle at the end
-    done = run_sweep(_task, tasks, jobs=jobs, label=label, chunksize=1)
+    done = run_sweep(_task, tasks, jobs=jobs, label=label)
     ran = {
         (i, seed): result
         for (members, seed), results in zip(index, done, strict=True)
@@ -347,23 +341,16 @@ def _run_settings(
     return {(i, seed): ran[r, seed] for i, r in enumerate(runs) for seed in cfg.seeds}
 
 
-def toggle_seeds(cfg: RegimeConfig) -> list[int]:
-    """The seeds the deviation ledger runs on: its own, else the map's."""
-    own = cfg.toggles.seeds if cfg.toggles is not None else None
-    return list(own) if own is not None else list(cfg.seeds)
-
-
 def run_toggles(cfg: RegimeConfig, cell: Cell, *, jobs: int | None = None) -> pd.DataFrame:
     """The deviation ledger's runs (:class:`Toggles`): one row per (toggle, seed, policy) with
     the cell's metrics, the method and ``reference`` only; empty without toggles."""
     named = cfg.toggle_settings()
     if not named:
         return pd.DataFrame(columns=["toggle", "seed", "policy"])
-    # validated as cfg was (a seed list is checked where Toggles reads it)
-    pair = cfg.model_copy(update={"baselines": [cfg.reference], "seeds": toggle_seeds(cfg)})
+    pair = cfg.model_copy(update={"baselines": [cfg.reference]})  # validated as cfg was
     by = _run_settings(pair, cell, [s for _, s in named], jobs=jobs, label=f"{cfg.id} toggles")
     rows = []
-    for (i, (name, _)), seed in itertools.product(enumerate(named), pair.seeds):
+    for (i, (name, _)), seed in itertools.product(enumerate(named), cfg.seeds):
         for policy in pair.policies:
             if policy not in by[i, seed]:
                 raise ValueError(f"{cfg.id}: toggle {name}: a cell returned no {policy!r}")
@@ -413,7 +400,7 @@ def toggle_claim_values(cfg: RegimeConfig, table: pd.DataFrame) -> dict[str, Any
     cells record them; ``toggles_at`` the untoggled setting, in words."""
     if cfg.toggles is None or table.empty:
         return {}
-    n = len(toggle_seeds(cfg))
+    n = len(cfg.seeds)
     at = ", ".join(f"{cfg.name(k)} {axis_label(v)}" for k, v in cfg.toggles.at.items())
     values: dict[str, Any] = {"toggles": len(table) - 1, "toggles_at": at}
     for _, t in table.iterrows():

@@ -27,13 +27,6 @@ Progress: a tqdm bar on stderr when it is a terminal and the sweep lasts over
 each task finishes (in completion order), e.g. to write finished runs before the sweep ends.
 
 ``jobs``: ``None`` reads ``SKV_JOBS`` from the environment, else every CPU.
-
-``chunksize``: how many tasks the local processes take at a time. dask's multiprocessing
-scheduler hands them out in batches of 6 by default (cheap for many short tasks), so a sweep of
-a few long tasks ran unevenly: 5 tasks on 2 processes ran one after another in one process.
-``chunksize=1`` hands out one task at a time (each process takes the next when it finishes); it
-changes no result, only which process runs what. ``None``: dask's default. Local processes only:
-a cluster hands out tasks itself.
 """
 
 from __future__ import annotations
@@ -178,13 +171,11 @@ def run_sweep(
     progress_every_s: float = 10.0,
     bar: bool | None = None,
     on_result: Callable[[int, R], None] | None = None,
-    chunksize: int | None = None,
 ) -> list[R]:
     """``[fn(t) for t in tasks]``, computed where ``dask`` / ``SKV_DASK`` says (module
     docstring); ``fn`` and the tasks must pickle (a module-level function and plain data).
     ``scheduler`` (any dask scheduler name or a ``Client.get``) overrides ``SKV_DASK``;
-    ``bar``: None shows a progress bar on a terminal only; ``chunksize``: tasks a local process
-    takes at a time (module docstring)."""
+    ``bar``: None shows a progress bar on a terminal only."""
     target = dask_target(dask)
     if scheduler is not None and dask is not None:
         raise ValueError("run_sweep: give dask= or scheduler=, not both")
@@ -209,9 +200,7 @@ def run_sweep(
                     on_result(i, out[-1])
                 progress.tick()
             return out
-        return _on_local_scheduler(
-            fn, tasks, scheduler, jobs, label, progress, on_result, chunksize
-        )
+        return _on_local_scheduler(fn, tasks, scheduler, jobs, label, progress, on_result)
     finally:
         progress.close()
 
@@ -224,11 +213,9 @@ def _on_local_scheduler(
     label: str,
     progress: _Progress,
     on_result: Callable[[int, R], None] | None,
-    chunksize: int | None = None,
 ) -> list[R]:
-    """dask.delayed graph on the multiprocessing scheduler (or ``scheduler``), ``chunksize``
-    tasks to a process at a time (None: dask's default); dask's callbacks run in this process
-    as each task finishes."""
+    """dask.delayed graph on the multiprocessing scheduler (or ``scheduler``); dask's
+    callbacks run in this process as each task finishes."""
     import dask
     from dask.callbacks import Callback
 
@@ -244,8 +231,7 @@ def _on_local_scheduler(
 
     with Callback(posttask=finished):
         if scheduler is None:
-            batch = {} if chunksize is None else {"chunksize": chunksize}
-            results = dask.compute(*graph, scheduler="processes", num_workers=jobs, **batch)
+            results = dask.compute(*graph, scheduler="processes", num_workers=jobs)
         else:
             results = dask.compute(*graph, scheduler=scheduler)
     return list(results)

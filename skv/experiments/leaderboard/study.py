@@ -244,8 +244,7 @@ def cells(
 ) -> list[Cell]:
     """The replay tasks: per trace seed, its policy settings (``settings``: policy -> setting ->
     params, the bound included) in groups (:func:`_settings_per_cell`). With ``ttft``, each
-    trace seed's arrival scale is found first (one sweep, a task to a process at a time) and
-    travels with its cells."""
+    trace seed's arrival scale is found first (one sweep) and travels with its cells."""
     from skv.experiments.sweep import run_sweep
 
     caps = tuple(dict.fromkeys([*capacities, *([config.ttft.capacity] if ttft else [])]))
@@ -259,9 +258,7 @@ def cells(
     factors = [1.0] * len(seeds)
     if spec is not None:
         tasks = [ScaleTask(tj, seed, spec, config.baseline) for tj, seed in seeds]
-        factors = run_sweep(
-            time_factor, tasks, jobs=jobs, label="leaderboard load scale", chunksize=1
-        )
+        factors = run_sweep(time_factor, tasks, jobs=jobs, label="leaderboard load scale")
     n = _settings_per_cell(len(flat), jobs)
     return [
         Cell(tj, seed, tuple(flat[i : i + n]), caps, spec, f)
@@ -271,13 +268,9 @@ def cells(
 
 
 def run_cells(cell_list: Sequence[Cell], *, jobs: int | None = None, label: str) -> pd.DataFrame:
-    """The rows of every cell, in cell order. The cells go to the sweep's processes one at a
-    time: a real trace's cells take minutes where a workload's take seconds, and in dask's
-    default batches of 6 one process could be left with several of them at the end."""
     from skv.experiments.sweep import run_sweep
 
-    parts = run_sweep(run_cell, cell_list, jobs=jobs, label=label, chunksize=1)
-    rows = [r for part in parts for r in part]
+    rows = [r for part in run_sweep(run_cell, cell_list, jobs=jobs, label=label) for r in part]
     return pd.DataFrame(rows, columns=list(RUN_COLUMNS))
 
 

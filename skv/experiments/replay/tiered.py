@@ -169,13 +169,10 @@ def _all_hits(summary: dict[str, Any]) -> float:
 
 
 def run(cfg: TieredAgentConfig, *, jobs: int | None = None) -> pd.DataFrame:
-    """Every seed on the sweep executor, handed to its processes one at a time (in dask's
-    default batches of 6, the 5 seeds ran one after another in one process); rows in (seed,
-    cell) order."""
+    """Every seed on the sweep executor; rows in (seed, cell) order."""
     from skv.experiments.sweep import run_sweep
 
-    tasks = [(cfg, s) for s in cfg.seeds]
-    parts = run_sweep(_seed_task, tasks, jobs=jobs, label=cfg.id, chunksize=1)
+    parts = run_sweep(_seed_task, [(cfg, s) for s in cfg.seeds], jobs=jobs, label=cfg.id)
     return pd.DataFrame([r for part in parts for r in part])
 
 

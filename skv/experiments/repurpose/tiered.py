@@ -235,13 +235,12 @@ def _task(task: tuple[TieredConfig, int, str]) -> pd.DataFrame:
 
 
 def sweep(cfg: TieredConfig, *, jobs: int | None = None) -> pd.DataFrame:
-    """Every seed and keying, on the sweep executor (:mod:`skv.experiments.sweep`), a task to a
-    process at a time (in dask's default batches of 6, one process ran 6 of the 10); rows in
+    """Every seed and keying, on the sweep executor (:mod:`skv.experiments.sweep`); rows in
     (seed, keying) order whatever ran where."""
     from skv.experiments.sweep import run_sweep
 
     tasks = [(cfg, seed, mode) for seed in cfg.seeds for mode in ("prefix", "segment")]
-    parts = run_sweep(_task, tasks, jobs=jobs, label=f"{cfg.id} seeds x keyings", chunksize=1)
+    parts = run_sweep(_task, tasks, jobs=jobs, label=f"{cfg.id} seeds x keyings")
     return pd.concat(parts, ignore_index=True)
 
 

@@ -67,18 +67,20 @@ def test_negative_token_counts_are_rejected():
         Iteration(decode_context_tokens=5)
 
 
-@pytest.mark.parametrize(
-    "model",
-    [
-        LinearLatency(base_ttft_ms=3.0, token_latency_ms=0.1, decode_ms_per_seq=0.7),
-        CalibratedLatency(
-            base_ms=2.0, ms_per_uncached_token=0.05, ms_per_cached_token=0.01, decode_ms_per_seq=0.3
-        ),
-        RooflineLatency(),
-        RooflineLatency(model="llama-3.3-70b-fp8", gpu="H100", tp=4),
-    ],
-    ids=["linear", "calibrated", "roofline", "roofline-70b-tp4"],
-)
+#: one model of each kind (two roofline shapes), for the tests that every pricing path of a
+#: model gives ``iteration_ms``'s value bit for bit
+PRICED_MODELS = [
+    LinearLatency(base_ttft_ms=3.0, token_latency_ms=0.1, decode_ms_per_seq=0.7),
+    CalibratedLatency(
+        base_ms=2.0, ms_per_uncached_token=0.05, ms_per_cached_token=0.01, decode_ms_per_seq=0.3
+    ),
+    RooflineLatency(),
+    RooflineLatency(model="llama-3.3-70b-fp8", gpu="H100", tp=4),
+]
+PRICED_IDS = ["linear", "calibrated", "roofline", "roofline-70b-tp4"]
+
+
+@pytest.mark.parametrize("model", PRICED_MODELS, ids=PRICED_IDS)
 @pytest.mark.parametrize("seqs,context", [(1, 0), (1, 5), (8, 8_000), (200, 3_000_000)])
 def test_decode_ms_is_the_price_of_a_decode_only_iteration(model, seqs, context):
     """The simulator prices runs of decode-only iterations with ``decode_ms``: it must equal
@@ -95,18 +97,7 @@ def test_decode_ms_is_the_price_of_a_decode_only_iteration(model, seqs, context)
     assert model.decode_run_ends(seqs, context, 40, 12.5) == want
 
 
-@pytest.mark.parametrize(
-    "model",
-    [
-        LinearLatency(base_ttft_ms=3.0, token_latency_ms=0.1, decode_ms_per_seq=0.7),
-        CalibratedLatency(
-            base_ms=2.0, ms_per_uncached_token=0.05, ms_per_cached_token=0.01, decode_ms_per_seq=0.3
-        ),
-        RooflineLatency(),
-        RooflineLatency(model="llama-3.3-70b-fp8", gpu="H100", tp=4),
-    ],
-    ids=["linear", "calibrated", "roofline", "roofline-70b-tp4"],
-)
+@pytest.mark.parametrize("model", PRICED_MODELS, ids=PRICED_IDS)
 @pytest.mark.parametrize(
     "tokens,contexts",
     [([], []), ([1], [0]), ([4096], [0]), ([512, 3, 8191], [1000, 0, 123_457]),

@@ -243,6 +243,17 @@ def draws(params: ZipfRagParams, ctx: Context) -> list[Drawn]:
     return out
 
 
+#: the parameters :func:`laid_out` reads and :func:`draws` does not
+LAYOUT_FIELDS = ("doc_order", "docs_first")
+
+
+def without_layout(params: ZipfRagParams) -> ZipfRagParams:
+    """``params`` with the default layout (:data:`LAYOUT_FIELDS` at their defaults): equal for
+    every layout of one draw."""
+    fields = ZipfRagParams.model_fields
+    return params.model_copy(update={f: fields[f].default for f in LAYOUT_FIELDS})
+
+
 def laid_out(drawn: list[Drawn], params: ZipfRagParams) -> list[Chat]:
     """The chats of :func:`draws` in ``params``' layout (``doc_order``, ``docs_first``; no
     other field is read). Each chat has its own ``doc_ids`` list, so one draw can be laid out
@@ -289,8 +300,7 @@ class Layouts:
 
     def requests(self, params: ZipfRagParams) -> list[Request]:
         """The requests of ``params``, a layout of this workload."""
-        layout = {"doc_order": params.doc_order, "docs_first": params.docs_first}
-        if params != self.params.model_copy(update=layout):
+        if without_layout(params) != without_layout(self.params):
             raise ValueError("Layouts.requests: parameters other than the layout differ")
         with no_cyclic_gc():
             return self.ctx.renderer.render(laid_out(self.drawn, params))

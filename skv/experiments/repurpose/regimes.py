@@ -218,15 +218,11 @@ def head_share(trace: Any, totals: Any) -> float:
 
 
 def layout_free(params_json: str) -> str:
-    """``params_json`` (``ZipfRagParams``) with the default layout (``doc_order``
-    ``retrieval``, ``docs_first`` false): equal strings, the same draws
-    (:func:`skv.workloads.zipf_rag.draws` reads neither field)."""
-    from skv.workloads.zipf_rag import ZipfRagParams
+    """``params_json`` (``ZipfRagParams``) with the default layout
+    (:func:`skv.workloads.zipf_rag.without_layout`): equal strings, the same draws."""
+    from skv.workloads.zipf_rag import ZipfRagParams, without_layout
 
-    default = {"doc_order": "retrieval", "docs_first": False}
-    return (
-        ZipfRagParams.model_validate_json(params_json).model_copy(update=default).model_dump_json()
-    )
+    return without_layout(ZipfRagParams.model_validate_json(params_json)).model_dump_json()
 
 
 @functools.lru_cache(maxsize=1)

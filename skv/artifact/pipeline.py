@@ -20,7 +20,10 @@ CPU: they share it with other steps, but never with a second vLLM server (``star
 the quality probe starts none). ``--quick`` checks no timing claim, so there every
 engine step is scheduled that way (its times are from a shared CPU, and its figures say the
 run was quick). Free slots go to the steps whose last recorded run was longest (the steps that
-run alone wait until nothing else can start, so they run last).
+run alone wait until nothing else can start, so they run last). Each step's sweeps get its share
+of the CPUs, ``cpus // jobs`` worker processes (``SKV_JOBS`` in the notebook, unless the user
+set it; every CPU for a step run alone), so ``-j`` steps at once keep about one process per CPU
+busy. A run that fails names its failed steps last, with their logs.
 
 Steps and the sweep executor (:mod:`skv.experiments.sweep`): the steps themselves stay here,
 papermill subprocesses on a thread pool, and never go to a Dask cluster: they read and write
@@ -629,8 +632,23 @@ def figure_stamp(step: Step, *, quick: bool) -> str | None:
     return f"--quick run: smaller configs, not the paper's numbers{shared}"
 
 
-def execute_notebook(step: Step, params: dict[str, Any], layout: Layout, root: Path) -> None:
-    """papermill, in a child process of this Python (so the venv's ``python3`` kernel)."""
+JOBS_ENV = "SKV_JOBS"
+
+
+def worker_share(*, cpus: int, jobs: int, alone: bool) -> int:
+    """The worker processes one step's sweeps get (``SKV_JOBS`` in its notebook): its share of
+    the CPUs, ``cpus // jobs``, or every CPU for a step that runs alone. Steps run ``jobs`` at
+    a time; had each spread its sweeps over every CPU, ``jobs`` steps would keep ``jobs`` times
+    as many processes busy as there are CPUs. Results do not depend on it (sweeps return
+    their rows in task order, :mod:`skv.experiments.sweep`)."""
+    return cpus if alone else max(1, cpus // max(1, jobs))
+
+
+def execute_notebook(
+    step: Step, params: dict[str, Any], layout: Layout, root: Path, workers: int | None = None
+) -> None:
+    """papermill, in a child process of this Python (so the venv's ``python3`` kernel);
+    ``workers``: the step's ``SKV_JOBS`` (:func:`worker_share`), unless the user set it."""
     layout.notebooks.mkdir(parents=True, exist_ok=True)
     out_dir = layout.step_dir(step.name)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -651,6 +669,8 @@ def execute_notebook(step: Step, params: dict[str, Any], layout: Layout, root: P
     from skv.experiments.plotstyle import FIGURE_STAMP_ENV  # matplotlib: only when a step runs
 
     env = {**os.environ, "MPLBACKEND": "Agg", "PYTHONHASHSEED": "0"}
+    if workers is not None and not os.environ.get(JOBS_ENV):
+        env[JOBS_ENV] = str(workers)
     env.pop(FIGURE_STAMP_ENV, None)
     stamp = figure_stamp(step, quick=bool(params.get("quick")))
     if stamp:
@@ -734,7 +754,7 @@ def run_pipeline(
         say(f"[start] {step.name}")
         t0 = time.perf_counter()
         try:
-            execute_notebook(step, params, layout, root)
+            execute_notebook(step, params, layout, root, workers=shares[step.name])
         except RuntimeError as exc:
             return Result(step.name, "failed", time.perf_counter() - t0, str(exc))
         elapsed = time.perf_counter() - t0
@@ -760,6 +780,8 @@ def run_pipeline(
 
     # the longest first (their last recorded times in this mode), so that no long step
     # starts last and runs on alone; the order changes when steps end, never what they compute
+    cpus = os.cpu_count() or 1
+    shares = {s.name: worker_share(cpus=cpus, jobs=jobs, alone=alone(s)) for s in steps}
     recorded = recorded_seconds(root, "quick" if quick else "full")
     pending = sorted(steps, key=lambda s: -recorded.get(s.name, 0.0))
     running: dict[Future, Step] = {}
@@ -821,6 +843,19 @@ def summary_table(results: Sequence[Result], total_s: float, install: Path | Non
         lines.append(f"| {r.step} | {r.status} | {r.seconds:.1f} | {note.replace('|', '/')} |")
     lines.append(f"| total (notebooks) | | {total_s:.1f} | |")
     return "\n".join(lines)
+
+
+def failure_report(failed: Sequence[Result], layout: Layout) -> str:
+    """The failed steps, last thing a run prints (so the tail of a CI log names them, and a
+    failure whose claims the quick run does not check is not silent): each step's error and
+    its notebook's log. Empty when none failed."""
+    if not failed:
+        return ""
+    lines = [f"\n{len(failed)} step(s) FAILED:"]
+    for r in failed:
+        log_file = layout.step_dir(r.step) / "papermill.log"
+        lines += [f"  {r.step}: {r.note}", f"    log: {log_file}"]
+    return "\n".join(lines) + "\n"
 
 
 # ----------------------------------------------------------------------------------------
@@ -1082,14 +1117,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     res = run_pipeline(
         args.steps, quick=args.quick, force=args.force, jobs=args.jobs, seed=args.seed
     )
-    failed = any(x.status == "failed" for x in res)
-    if args.steps:
-        return 1 if failed else 0
-    # a full run ends with the claims check: claims of skipped steps are reported as skipped
-    # (with how to enable them) and do not fail the run
-    print("\nclaims:")
-    rows = check_claims(quick=args.quick)
-    return 1 if failed or claims_mod.failing(rows) else 0
+    failed = [x for x in res if x.status == "failed"]
+    bad_claims = False
+    if not args.steps:
+        # a full run ends with the claims check: claims of skipped steps are reported as
+        # skipped (with how to enable them) and do not fail the run
+        print("\nclaims:")
+        bad_claims = bool(claims_mod.failing(check_claims(quick=args.quick)))
+    print(failure_report(failed, Layout.for_run(REPO, quick=args.quick)), end="")
+    return 1 if failed or bad_claims else 0
 
 
 if __name__ == "__main__":

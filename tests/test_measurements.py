@@ -129,7 +129,7 @@ def test_the_pipeline_stamps_revision_time_and_mode_and_record_takes_full_runs_o
     monkeypatch.setattr(pipeline.timings, "revision", lambda root=None: "abcdef123456")
     step = "fig_saecache_tuning"  # reads no trace and no engine
 
-    def fake_execute(s, params, lay, root, workers=None):
+    def fake_execute(s, params, lay, root):
         for rel in s.outputs:
             lay.output(rel).parent.mkdir(parents=True, exist_ok=True)
             lay.output(rel).write_text("x")
@@ -164,7 +164,7 @@ def test_a_tree_that_moves_during_a_step_stamps_it_dirty(tmp_path, monkeypatch):
 
     monkeypatch.setattr(pipeline.timings, "revision", revision)
 
-    def fake_execute(s, params, lay, root, workers=None):
+    def fake_execute(s, params, lay, root):
         for rel in s.outputs:
             lay.output(rel).parent.mkdir(parents=True, exist_ok=True)
             lay.output(rel).write_text("x")

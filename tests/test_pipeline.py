@@ -243,7 +243,7 @@ def _fake_notebooks(monkeypatch, tmp_path, *, quick: bool = True):
     )
     doc = load_claims()
 
-    def fake_execute(step, params, lay, root, workers=None):
+    def fake_execute(step, params, lay, root):
         for rel in step.outputs:
             out = lay.output(rel)
             out.parent.mkdir(parents=True, exist_ok=True)
@@ -337,10 +337,10 @@ def test_a_failed_step_whose_claims_quick_does_not_check_is_named_last(
     assert not [c for c in doc.claims if c.step == name and not c.quick.not_checked]
     writes = pipeline.execute_notebook
 
-    def failing_one(step, params, lay, root, workers=None):
+    def failing_one(step, params, lay, root):
         if step.name == name:
             raise RuntimeError("papermill exited 1: | ValueError: boom")
-        writes(step, params, lay, root, workers)
+        writes(step, params, lay, root)
 
     monkeypatch.setattr(pipeline, "execute_notebook", failing_one)
     assert pipeline.main(["run", "--quick", "-j", "1"]) == 1
@@ -374,7 +374,7 @@ def test_a_failed_rerun_removes_the_previous_runs_values(tmp_path, monkeypatch):
     old.parent.mkdir(parents=True)
     old.write_text(json.dumps({"values": {"x": 1}}))
 
-    def failing(step, params, lay, root, workers=None):
+    def failing(step, params, lay, root):
         raise RuntimeError("papermill exited 1")
 
     monkeypatch.setattr(pipeline, "execute_notebook", failing)
@@ -420,7 +420,7 @@ def _scheduled(monkeypatch, tmp_path, names, *, quick=False, jobs=4, record=None
     ``(spans, overlap)``: each step's (start, end) and whether two steps overlapped."""
     spans: dict[str, tuple[float, float]] = {}
 
-    def fake_execute(step, params, layout, root, workers=None):
+    def fake_execute(step, params, layout, root):
         t0 = time.monotonic()
         time.sleep(sleep(step) if sleep else 0.15)
         for rel in step.outputs:
@@ -509,53 +509,3 @@ def test_an_unreadable_timing_record_orders_nothing_and_fails_nothing(tmp_path, 
 def test_a_step_that_times_an_engine_must_start_one():
     with pytest.raises(ValueError, match="measures_time"):
         pipeline.Step("x", "s", "c", (), measures_time=True)
-
-
-def test_each_step_gets_its_share_of_the_cpus_and_a_step_run_alone_all_of_them():
-    assert pipeline.worker_share(cpus=2, jobs=2, alone=False) == 1
-    assert pipeline.worker_share(cpus=8, jobs=2, alone=False) == 4
-    assert pipeline.worker_share(cpus=2, jobs=4, alone=False) == 1  # never 0
-    assert pipeline.worker_share(cpus=2, jobs=2, alone=True) == 2
-    assert pipeline.worker_share(cpus=2, jobs=1, alone=False) == 2
-
-
-def test_the_pipeline_hands_each_notebook_its_share_as_skv_jobs(tmp_path, monkeypatch):
-    """run_pipeline gives a step running beside others cpus // jobs workers and a timed engine
-    step (alone in the full run) every CPU; execute_notebook puts it in the notebook's
-    SKV_JOBS unless the user set SKV_JOBS."""
-    given: dict[str, int | None] = {}
-    execute = pipeline.execute_notebook
-
-    def fake_execute(step, params, layout, root, workers=None):
-        given[step.name] = workers
-        for rel in step.outputs:
-            out = layout.output(rel)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text("x")
-
-    monkeypatch.setattr(pipeline, "execute_notebook", fake_execute)
-    monkeypatch.setattr(pipeline, "missing_engine", lambda step: None)
-    monkeypatch.setattr(pipeline, "missing_traces", lambda step: None)
-    monkeypatch.setattr(pipeline.os, "cpu_count", lambda: 4)
-    timed, other = "fig_fidelity_load", "fig_repurpose_vllm"
-    assert STEPS[timed].measures_time and not STEPS[other].measures_time
-    layout = Layout(tmp_path / "f", tmp_path / "t", tmp_path / "b")
-    run_pipeline([timed, other], jobs=2, layout=layout, echo=False)
-    assert given == {timed: 4, other: 2}
-    run_pipeline([timed, other], quick=True, jobs=2, force=True, layout=layout, echo=False)
-    assert given == {timed: 2, other: 2}  # --quick runs no step alone
-
-    envs: list[dict] = []
-
-    def fake_run(cmd, stdout, stderr, env, check):
-        envs.append(env)
-        return type("Done", (), {"returncode": 0})()
-
-    monkeypatch.setattr(pipeline.subprocess, "run", fake_run)
-    step, params = STEPS[other], {"quick": True}
-    monkeypatch.delenv("SKV_JOBS", raising=False)
-    execute(step, params, layout, ROOT, workers=1)
-    execute(step, params, layout, ROOT)
-    monkeypatch.setenv("SKV_JOBS", "3")  # the user's choice wins
-    execute(step, params, layout, ROOT, workers=1)
-    assert [e.get("SKV_JOBS") for e in envs] == ["1", None, "3"]

@@ -141,7 +141,7 @@ def test_render_states_each_time_with_its_date_and_machine_and_a_stale_block_is_
 def test_a_pipeline_run_writes_its_times_and_is_complete_only_when_every_step_ran(
     monkeypatch, tmp_path
 ):
-    def fake_execute(step, params, layout, root, workers=None):
+    def fake_execute(step, params, layout, root):
         for rel in step.outputs:
             out = layout.output(rel)
             out.parent.mkdir(parents=True, exist_ok=True)

@@ -20,10 +20,8 @@ CPU: they share it with other steps, but never with a second vLLM server (``star
 the quality probe starts none). ``--quick`` checks no timing claim, so there every
 engine step is scheduled that way (its times are from a shared CPU, and its figures say the
 run was quick). Free slots go to the steps whose last recorded run was longest (the steps that
-run alone wait until nothing else can start, so they run last). Each step's sweeps get its share
-of the CPUs, ``cpus // jobs`` worker processes (``SKV_JOBS`` in the notebook, unless the user
-set it; every CPU for a step run alone), so ``-j`` steps at once keep about one process per CPU
-busy. A run that fails names its failed steps last, with their logs.
+run alone wait until nothing else can start, so they run last). A run that fails names its
+failed steps last, with their errors and logs.
 
 Steps and the sweep executor (:mod:`skv.experiments.sweep`): the steps themselves stay here,
 papermill subprocesses on a thread pool, and never go to a Dask cluster: they read and write
@@ -632,23 +630,8 @@ def figure_stamp(step: Step, *, quick: bool) -> str | None:
     return f"--quick run: smaller configs, not the paper's numbers{shared}"
 
 
-JOBS_ENV = "SKV_JOBS"
-
-
-def worker_share(*, cpus: int, jobs: int, alone: bool) -> int:
-    """The worker processes one step's sweeps get (``SKV_JOBS`` in its notebook): its share of
-    the CPUs, ``cpus // jobs``, or every CPU for a step that runs alone. Steps run ``jobs`` at
-    a time; had each spread its sweeps over every CPU, ``jobs`` steps would keep ``jobs`` times
-    as many processes busy as there are CPUs. Results do not depend on it (sweeps return
-    their rows in task order, :mod:`skv.experiments.sweep`)."""
-    return cpus if alone else max(1, cpus // max(1, jobs))
-
-
-def execute_notebook(
-    step: Step, params: dict[str, Any], layout: Layout, root: Path, workers: int | None = None
-) -> None:
-    """papermill, in a child process of this Python (so the venv's ``python3`` kernel);
-    ``workers``: the step's ``SKV_JOBS`` (:func:`worker_share`), unless the user set it."""
+def execute_notebook(step: Step, params: dict[str, Any], layout: Layout, root: Path) -> None:
+    """papermill, in a child process of this Python (so the venv's ``python3`` kernel)."""
     layout.notebooks.mkdir(parents=True, exist_ok=True)
     out_dir = layout.step_dir(step.name)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -669,8 +652,6 @@ def execute_notebook(
     from skv.experiments.plotstyle import FIGURE_STAMP_ENV  # matplotlib: only when a step runs
 
     env = {**os.environ, "MPLBACKEND": "Agg", "PYTHONHASHSEED": "0"}
-    if workers is not None and not os.environ.get(JOBS_ENV):
-        env[JOBS_ENV] = str(workers)
     env.pop(FIGURE_STAMP_ENV, None)
     stamp = figure_stamp(step, quick=bool(params.get("quick")))
     if stamp:
@@ -754,7 +735,7 @@ def run_pipeline(
         say(f"[start] {step.name}")
         t0 = time.perf_counter()
         try:
-            execute_notebook(step, params, layout, root, workers=shares[step.name])
+            execute_notebook(step, params, layout, root)
         except RuntimeError as exc:
             return Result(step.name, "failed", time.perf_counter() - t0, str(exc))
         elapsed = time.perf_counter() - t0
@@ -780,8 +761,6 @@ def run_pipeline(
 
     # the longest first (their last recorded times in this mode), so that no long step
     # starts last and runs on alone; the order changes when steps end, never what they compute
-    cpus = os.cpu_count() or 1
-    shares = {s.name: worker_share(cpus=cpus, jobs=jobs, alone=alone(s)) for s in steps}
     recorded = recorded_seconds(root, "quick" if quick else "full")
     pending = sorted(steps, key=lambda s: -recorded.get(s.name, 0.0))
     running: dict[Future, Step] = {}

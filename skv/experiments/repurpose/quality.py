@@ -85,14 +85,6 @@ def load_config(path: str | Path, *, quick: bool) -> QualityConfig:
         raise ConfigError(f"{path}: {_flatten(exc, '')}") from None
 
 
-def probe_workers(cfg: QualityConfig) -> int:
-    """The probe's processes: the config's ``workers``, at most ``SKV_JOBS`` (the pipeline
-    gives a step running beside others its share of the CPUs). Rows do not depend on it."""
-    from skv.experiments.sweep import default_jobs
-
-    return min(cfg.workers, default_jobs())
-
-
 def probe_command(python: str | Path, model: Path, out: Path, cfg: QualityConfig) -> list[str]:
     return [
         str(python),
@@ -108,7 +100,7 @@ def probe_command(python: str | Path, model: Path, out: Path, cfg: QualityConfig
         f"--epic-k={cfg.epic_k}",
         f"--blend-share={cfg.blend_share}",
         f"--blend-layer={cfg.blend_layer}",
-        f"--workers={probe_workers(cfg)}",
+        f"--workers={cfg.workers}",
         f"--threads={cfg.threads}",
     ]
 

@@ -352,7 +352,7 @@ def test_a_failed_step_whose_claims_quick_does_not_check_is_named_last(
         "",
         "1 step(s) FAILED:",
         f"  {name}: papermill exited 1: | ValueError: boom",
-        f"    log: {layout.step_dir(name) / 'papermill.log'}",
+        f"    log: {layout.step_dir(name) / 'papermill.log'}",  # the file execute_notebook writes
     ]
 
 

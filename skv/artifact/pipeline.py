@@ -470,6 +470,10 @@ class Layout:
     def step_dir(self, name: str) -> Path:
         return self.build / "steps" / name
 
+    def step_log(self, name: str) -> Path:
+        """What papermill printed while running step ``name``."""
+        return self.step_dir(name) / "papermill.log"
+
     @property
     def cache(self) -> Path:
         return self.build / ".cache"
@@ -656,10 +660,10 @@ def execute_notebook(step: Step, params: dict[str, Any], layout: Layout, root: P
     stamp = figure_stamp(step, quick=bool(params.get("quick")))
     if stamp:
         env[FIGURE_STAMP_ENV] = stamp
-    with open(out_dir / "papermill.log", "w", encoding="utf-8") as log:
+    with open(layout.step_log(step.name), "w", encoding="utf-8") as log:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, check=False)
     if proc.returncode != 0:
-        tail = (out_dir / "papermill.log").read_text(encoding="utf-8").strip().splitlines()[-6:]
+        tail = layout.step_log(step.name).read_text(encoding="utf-8").strip().splitlines()[-6:]
         raise RuntimeError(f"papermill exited {proc.returncode}: " + " | ".join(tail))
 
 
@@ -832,8 +836,7 @@ def failure_report(failed: Sequence[Result], layout: Layout) -> str:
         return ""
     lines = [f"\n{len(failed)} step(s) FAILED:"]
     for r in failed:
-        log_file = layout.step_dir(r.step) / "papermill.log"
-        lines += [f"  {r.step}: {r.note}", f"    log: {log_file}"]
+        lines += [f"  {r.step}: {r.note}", f"    log: {layout.step_log(r.step)}"]
     return "\n".join(lines) + "\n"
 
 

@@ -675,14 +675,24 @@ class TieredCache:
             b = evicted[i]
             gone.add(b.key)
         if short or not gone.isdisjoint(keys):
+            # a repeat is a tier-0 hit iff its key is cached now: its first copy, hit or
+            # cached by this request, stays pinned; a copy tier 0 could not cache means no
+            # later copy could be cached either (nothing is released during an acquire)
             in_run = False
+            seen: set = set()
             for i in range(n):
                 key = keys[i]
                 if parents[i] is None:
                     in_run = True
                 if not in_run:
                     where[i] = -1
+                    seen.add(key)
                     continue
+                if key in seen:
+                    in_run = key in cached
+                    where[i] = 0 if in_run else -1
+                    continue
+                seen.add(key)
                 t = where[i]
                 if t == 0 and key in gone:  # loaded from below if kept there
                     t = -1

@@ -232,6 +232,56 @@ def test_a_key_repeated_in_one_request_is_served_by_the_gpu_tier():
     assert tc2.tier_stats.loaded_blocks[1] == 2
 
 
+def test_a_repeat_of_a_block_evicted_by_its_own_request_hits_its_reinserted_copy():
+    """GPU 2 blocks holding 1 and 2, request [5 | 1 | 1]: caching 5 evicts 1 (to the cpu
+    tier), the first 1 is loaded back and caching it evicts 2, so the second 1 hits GPU
+    memory. Before the fix the repeat was also counted as a load (the tier classification
+    disagreed with tier 0 and raised)."""
+    tc = tiered(2, [("cpu", 8, "lru")])
+    tc.access(rb([1], index=0), 0.0)
+    tc.access(rb([2], index=1), 1.0)
+    r = rb([5, 1, 1], parents=[None, None, None], index=2)
+    assert tc.access(r, 2.0) == [-1, 1, 0]
+    assert tc.tier_stats.loaded_blocks[1] == 1
+
+
+def test_a_repeat_whose_first_copy_tier_0_could_not_cache_is_computed_in_flight():
+    """GPU 2 blocks pinned by a request in flight: [1 | 1] where 1 sits in the cpu tier finds
+    no room for its first copy, so neither copy is a GPU hit (the first is computed: a load
+    must land in GPU memory)."""
+    tc = tiered(2, [("cpu", 8, "lru")])
+    tc.access(rb([1], index=0), 0.0)
+    tc.access(rb([2], index=1), 1.0)
+    tc.access(rb([3], index=2), 2.0)  # 1 now only in the cpu tier
+    held = tc.acquire(rb([7, 8], parents=[None, 7], index=3), 3.0)  # pins all of tier 0
+    r = rb([1, 1], parents=[None, None], index=4)
+    assert tc.acquire(r, 4.0).where == [-1, -1]
+    tc.release(held, 5.0)
+
+
+@pytest.mark.parametrize("write, load", [("evict", "copy"), ("through", "move")])
+def test_repeated_segments_with_requests_in_flight_keep_the_tiers_consistent(write, load):
+    """Random prompts of repeated segments over a small GPU tier while up to 4 requests are in
+    flight: tier 0's own hit count equals the tier classification's (acquire checks it) and
+    every load or move finds its block (before the fix: AssertionError or KeyError)."""
+    for seed in range(40):
+        rng = random.Random(seed)
+        tc = tiered(rng.randint(2, 6), [("cpu", 8, "lru")], write=write, load=load)
+        held = []
+        for i in range(150):
+            keys, parents = [], []
+            for segment in (rng.randint(0, 12) for _ in range(rng.randint(1, 4))):
+                for j in range(rng.randint(1, 3)):
+                    keys.append(segment * 100 + j)
+                    parents.append(None if j == 0 else segment * 100 + j - 1)
+            lease = tc.acquire(rb(keys, parents=parents, index=i, arrival_s=float(i)), float(i))
+            assert sum(t == 0 for t in lease.where) == lease.top.hit_blocks
+            held.append(lease)
+            while held and (len(held) > 3 or rng.random() < 0.4):
+                tc.release(held.pop(rng.randrange(len(held))), float(i))
+        assert all(len(s) <= s.capacity_blocks for s in tc.tiers)
+
+
 def test_a_load_that_gpu_memory_cannot_hold_is_computed():
     """GPU 4 blocks, a request of two 4-block runs both in the cpu tier: GPU memory holds
     only 4 of them, so only those are loads; the rest is computed (and stays below)."""

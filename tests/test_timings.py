@@ -96,6 +96,34 @@ def test_merge_keeps_a_total_only_from_a_complete_run_and_each_steps_latest_ran_
     assert T.merge(record, build) == []  # nothing new the second time
 
 
+def test_a_complete_run_on_another_cpu_adds_a_row_and_keeps_the_first_machines(tmp_path):
+    """The reference machine comes in more than one CPU model, and a mode's time differs more
+    by machine than by commit: the record keeps the latest complete run per CPU model, and the
+    summary holds each against the budget, latest first."""
+    build = tmp_path / "build"
+    other = dict(MACHINE, cpu="Other CPU")
+    steps = {"a": ("ran", 300.0), "b": ("ran", 200.0)}
+    T.write_json(build / "quick" / "timings.json",
+                 _run("quick", "2026-12-01T10:00:00+00:00", steps, 513.0, True))  # fmt: skip
+    record = T.load(tmp_path / "none.json")
+    T.merge(record, build)
+    run = _run("quick", "2026-12-02T10:00:00+00:00", steps, 729.0, True) | {"machine": other}
+    T.write_json(build / "quick" / "timings.json", run)
+    T.merge(record, build)
+    assert record["runs"]["quick"]["total_s"] == 729.0  # the latest, whatever the machine
+    assert {c: r["total_s"] for c, r in record["runs_by_cpu"]["quick"].items()} == {
+        "Test CPU": 513.0, "Other CPU": 729.0}  # fmt: skip
+    summary = T.render_summary(record, ["a", "b"])
+    rows = [r for r in summary.splitlines() if r.startswith("| `./reproduce.sh --quick`")]
+    assert len(rows) == 2
+    assert "12.2 min | 10.0 min: over | 2026-12-02" in rows[0] and "Other CPU" in rows[0]
+    assert "8.6 min | 10.0 min: within | 2026-12-01" in rows[1] and "Test CPU" in rows[1]
+    # a record written before runs_by_cpu reads its one run per mode as that CPU's
+    path = tmp_path / "old.json"
+    T.write_json(path, {"phases": {}, "steps": {}, "runs": {"quick": record["runs"]["quick"]}})
+    assert list(T.load(path)["runs_by_cpu"]["quick"]) == ["Other CPU"]
+
+
 def test_render_states_each_time_with_its_date_and_machine_and_a_stale_block_is_found(tmp_path):
     record = {"phases": {"test": {"seconds": 1475.1, "finished": "2026-12-03T18:00:00+00:00",
                                   "machine": MACHINE}},
@@ -115,14 +143,15 @@ def test_render_states_each_time_with_its_date_and_machine_and_a_stale_block_is_
     record["runs"]["quick"]["total_s"] = 599.0
     assert "| 10.0 min | 10.0 min: within |" in T.render_summary(record, ["a", "b"])
     steps = T.render_steps(record, ["a", "b"], engine={"a"})
-    assert "| `a` | - | 90 s | 2026-12-02, 2 cores" in steps and "| `b` | - | - |" in steps
+    assert "| `a` | - | not timed yet | 90 s | 2026-12-02, 2 cores" in steps
+    assert "| `b` | - | not timed yet | - | not timed yet |" in steps
     # the timed engine steps' sum (they run alone) and the others', with how many were timed
-    assert "| sum of the 1 steps timing an engine (full run: alone) | - | 90 s | |" in steps
-    assert "| sum of the 1 other steps, two at a time | - | - | |" in steps
+    assert "| sum of the 1 steps timing an engine (full run: alone) | - | | 90 s | |" in steps
+    assert "| sum of the 1 other steps, two at a time | - | | - | |" in steps
     record["steps"]["full"]["b"] = {"seconds": 30.0, "finished": "x", "machine": MACHINE}
     record["steps"]["full"]["c"] = {"seconds": 5.0, "finished": "x", "machine": MACHINE}
     both = T.render_steps(record, ["a", "b", "c", "d"], engine={"a"})
-    assert "| sum of the 3 other steps, two at a time | - | 35 s (2 of 3 timed) | |" in both
+    assert "| sum of the 3 other steps, two at a time | - | | 35 s (2 of 3 timed) | |" in both
     del record["steps"]["full"]["b"], record["steps"]["full"]["c"]
     doc = "x\n<!-- skv:timings steps -->\nold\n<!-- /skv:timings -->\ny\n"
     new = T.render_text(doc, record, ["a", "b"], "X.md")

@@ -186,16 +186,26 @@ def run_record(
 
 
 def load(path: Path = RECORD) -> dict[str, Any]:
+    """The record: ``runs[mode]`` is the latest complete run of a mode, ``runs_by_cpu[mode]``
+    the latest per CPU model (a mode's time differs by machine more than by commit, and a
+    reader's machine may be either), ``steps[mode]`` each step's latest time."""
     if not path.is_file():
-        return {"phases": {}, "runs": {}, "steps": {}}
+        return {"phases": {}, "runs": {}, "runs_by_cpu": {}, "steps": {}}
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as exc:
         raise ValueError(f"{path}: not JSON ({exc})") from None
-    for key in ("phases", "runs", "steps"):
+    data.setdefault("runs_by_cpu", {})
+    for key in ("phases", "runs", "runs_by_cpu", "steps"):
         if not isinstance(data.get(key), dict):
             raise ValueError(f"{path}: field {key!r} must be an object")
+    for mode, run in data["runs"].items():  # a record from before runs_by_cpu
+        data["runs_by_cpu"].setdefault(mode, {}).setdefault(_cpu(run), run)
     return data
+
+
+def _cpu(run: Mapping[str, Any]) -> str:
+    return str(run.get("machine", {}).get("cpu", "?"))
 
 
 def merge(record: dict[str, Any], build: Path) -> list[str]:
@@ -223,8 +233,9 @@ def merge(record: dict[str, Any], build: Path) -> list[str]:
                     changed.append(f"{mode} {name}: {s['seconds']} s")
         if run["complete"] and record["runs"].get(mode, {}).get("finished") != run["finished"]:
             keep = ("finished", "machine", "revision", "jobs", "total_s")
-            record["runs"][mode] = {k: run[k] for k in keep if k in run}
-            record["runs"][mode]["steps"] = len(run["steps"])
+            latest = {k: run[k] for k in keep if k in run} | {"steps": len(run["steps"])}
+            record["runs"][mode] = latest
+            record.setdefault("runs_by_cpu", {}).setdefault(mode, {})[_cpu(latest)] = latest
             changed.append(f"{mode} run: {run['total_s']} s")
     return changed
 
@@ -262,7 +273,8 @@ def render_summary(
     record: Mapping[str, Any], steps: Sequence[str], engine: Collection[str] = ()
 ) -> str:
     """What a reader budgets for: each phase and mode, its time against the project's budget
-    (:data:`BUDGETS`), when and on what it was measured."""
+    (:data:`BUDGETS`), when and on what it was measured; a mode timed end to end on several
+    CPU models gets a row for each (latest first)."""
     rows = ["| what | time | budget | measured on |", "|---|---:|---|---|"]
     for phase, what in PHASES.items():
         rec = record["phases"].get(phase)
@@ -274,11 +286,13 @@ def render_summary(
             rows.append(f"| {what} | not measured yet | {_budget(phase, None)} | |")
     for mode, what in MODES.items():
         run = record["runs"].get(mode)
+        by_cpu = record.get("runs_by_cpu", {}).get(mode) or ({_cpu(run): run} if run else {})
         timed = record["steps"].get(mode, {})
-        if run:
-            rows.append(f"| {what}, {run['steps']} steps, `-j {run['jobs']}` | "
-                        f"{fmt_seconds(run['total_s'])} | {_budget(mode, run['total_s'])} | "
-                        f"{_when(run)}, {fmt_machine(run['machine'])} |")  # fmt: skip
+        if by_cpu:
+            for run in sorted(by_cpu.values(), key=lambda r: str(r.get("finished")), reverse=True):
+                rows.append(f"| {what}, {run['steps']} steps, `-j {run['jobs']}` | "
+                            f"{fmt_seconds(run['total_s'])} | {_budget(mode, run['total_s'])} | "
+                            f"{_when(run)}, {fmt_machine(run['machine'])} |")  # fmt: skip
         elif timed:
             total = sum(s["seconds"] for s in timed.values())
             missing = len([s for s in steps if s not in timed])
@@ -298,14 +312,18 @@ def render_steps(
     """Every step's latest measured time, quick and full (one row per step), then the sums of
     the steps that measure a real engine's time (``engine``: they run alone, one at a time) and
     of the others (two at a time)."""
-    rows = ["| step | `--quick` | full | full measured on |", "|---|---:|---:|---|"]
+    rows = ["| step | `--quick` | quick measured on | full | full measured on |",
+            "|---|---:|---|---:|---|"]  # fmt: skip
     quick, full = record["steps"].get("quick", {}), record["steps"].get("full", {})
+
+    def on(t: Mapping[str, Any] | None) -> str:
+        return f"{_when(t)}, {fmt_machine(t['machine'])}" if t else "not timed yet"
+
     for name in steps:
         q, f = quick.get(name), full.get(name)
         rows.append(
-            f"| `{name}` | {fmt_seconds(q['seconds']) if q else '-'} | "
-            f"{fmt_seconds(f['seconds']) if f else '-'} | "
-            f"{_when(f) + ', ' + fmt_machine(f['machine']) if f else 'not timed yet'} |"
+            f"| `{name}` | {fmt_seconds(q['seconds']) if q else '-'} | {on(q)} | "
+            f"{fmt_seconds(f['seconds']) if f else '-'} | {on(f)} |"
         )
     groups = {
         "steps timing an engine (full run: alone)": [s for s in steps if s in engine],
@@ -319,7 +337,7 @@ def render_steps(
             timed = [times[s]["seconds"] for s in group if s in times]
             sums.append(fmt_seconds(sum(timed)) + ("" if len(timed) == len(group) else
                         f" ({len(timed)} of {len(group)} timed)") if timed else "-")  # fmt: skip
-        rows.append(f"| sum of the {len(group)} {label} | {sums[0]} | {sums[1]} | |")
+        rows.append(f"| sum of the {len(group)} {label} | {sums[0]} | | {sums[1]} | |")
     return "\n".join(rows)
 
 

@@ -118,10 +118,21 @@ def test_a_complete_run_on_another_cpu_adds_a_row_and_keeps_the_first_machines(t
     assert len(rows) == 2
     assert "12.2 min | 10.0 min: over | 2026-12-02" in rows[0] and "Other CPU" in rows[0]
     assert "8.6 min | 10.0 min: within | 2026-12-01" in rows[1] and "Test CPU" in rows[1]
-    # a record written before runs_by_cpu reads its one run per mode as that CPU's
+    # so does a phase (the install, the test suite, CI)
+    for when, machine, seconds in (("2026-12-01", MACHINE, 174.0), ("2026-12-02", other, 235.0)):
+        T.write_json(build / "install.json", {"seconds": seconds, "machine": machine,
+                                              "finished": f"{when}T09:00:00+00:00"})  # fmt: skip
+        T.merge(record, build)
+    installs = [r for r in T.render_summary(record, ["a", "b"]).splitlines() if "lock" in r]
+    assert len(installs) == 2 and "3.9 min" in installs[0] and "Other CPU" in installs[0]
+    assert "2.9 min" in installs[1] and "Test CPU" in installs[1]
+    # a record written before the per-CPU fields reads its one run per mode (and its one time
+    # per phase) as that CPU's
     path = tmp_path / "old.json"
-    T.write_json(path, {"phases": {}, "steps": {}, "runs": {"quick": record["runs"]["quick"]}})
+    T.write_json(path, {"phases": {"install": record["phases"]["install"]}, "steps": {},
+                        "runs": {"quick": record["runs"]["quick"]}})  # fmt: skip
     assert list(T.load(path)["runs_by_cpu"]["quick"]) == ["Other CPU"]
+    assert list(T.load(path)["phases_by_cpu"]["install"]) == ["Other CPU"]
 
 
 def test_render_states_each_time_with_its_date_and_machine_and_a_stale_block_is_found(tmp_path):

@@ -186,22 +186,29 @@ def run_record(
 
 
 def load(path: Path = RECORD) -> dict[str, Any]:
-    """The record: ``runs[mode]`` is the latest complete run of a mode, ``runs_by_cpu[mode]``
-    the latest per CPU model (a mode's time differs by machine more than by commit, and a
-    reader's machine may be either), ``steps[mode]`` each step's latest time."""
+    """The record: ``phases[phase]`` and ``runs[mode]`` are the latest measurement of a phase
+    and complete run of a mode, ``phases_by_cpu`` and ``runs_by_cpu`` the latest per CPU model
+    (a time differs by machine more than by commit, and a reader's machine may be either),
+    ``steps[mode]`` each step's latest time."""
     if not path.is_file():
-        return {"phases": {}, "runs": {}, "runs_by_cpu": {}, "steps": {}}
+        return {"phases": {}, "phases_by_cpu": {}, "runs": {}, "runs_by_cpu": {}, "steps": {}}
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as exc:
         raise ValueError(f"{path}: not JSON ({exc})") from None
+    data.setdefault("phases_by_cpu", {})
     data.setdefault("runs_by_cpu", {})
-    for key in ("phases", "runs", "runs_by_cpu", "steps"):
+    for key in ("phases", "phases_by_cpu", "runs", "runs_by_cpu", "steps"):
         if not isinstance(data.get(key), dict):
             raise ValueError(f"{path}: field {key!r} must be an object")
-    for mode, run in data["runs"].items():  # a record from before runs_by_cpu
-        data["runs_by_cpu"].setdefault(mode, {}).setdefault(_cpu(run), run)
+    for latest, by_cpu in (("phases", "phases_by_cpu"), ("runs", "runs_by_cpu")):
+        for name, rec in data[latest].items():  # a record from before the per-CPU fields
+            data[by_cpu].setdefault(name, {}).setdefault(_cpu(rec), rec)
     return data
+
+
+def _latest_first(by_cpu: Mapping[str, Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return sorted(by_cpu.values(), key=lambda r: str(r.get("finished")), reverse=True)
 
 
 def _cpu(run: Mapping[str, Any]) -> str:
@@ -217,6 +224,7 @@ def merge(record: dict[str, Any], build: Path) -> list[str]:
             rec = json.loads(f.read_text(encoding="utf-8"))
             if record["phases"].get(phase) != rec:
                 record["phases"][phase] = rec
+                record.setdefault("phases_by_cpu", {}).setdefault(phase, {})[_cpu(rec)] = rec
                 changed.append(f"{phase}: {rec['seconds']} s")
     for f in (build / "timings.json", build / "quick" / "timings.json"):
         if not f.is_file():
@@ -273,15 +281,17 @@ def render_summary(
     record: Mapping[str, Any], steps: Sequence[str], engine: Collection[str] = ()
 ) -> str:
     """What a reader budgets for: each phase and mode, its time against the project's budget
-    (:data:`BUDGETS`), when and on what it was measured; a mode timed end to end on several
+    (:data:`BUDGETS`), when and on what it was measured; a phase or mode measured on several
     CPU models gets a row for each (latest first)."""
     rows = ["| what | time | budget | measured on |", "|---|---:|---|---|"]
     for phase, what in PHASES.items():
         rec = record["phases"].get(phase)
-        if rec:
-            rows.append(f"| {what} | {fmt_seconds(rec['seconds'])} | "
-                        f"{_budget(phase, rec['seconds'])} | {_when(rec)}, "
-                        f"{fmt_machine(rec['machine'])} |")  # fmt: skip
+        by_cpu = record.get("phases_by_cpu", {}).get(phase) or ({_cpu(rec): rec} if rec else {})
+        if by_cpu:
+            for rec in _latest_first(by_cpu):
+                rows.append(f"| {what} | {fmt_seconds(rec['seconds'])} | "
+                            f"{_budget(phase, rec['seconds'])} | {_when(rec)}, "
+                            f"{fmt_machine(rec['machine'])} |")  # fmt: skip
         else:
             rows.append(f"| {what} | not measured yet | {_budget(phase, None)} | |")
     for mode, what in MODES.items():
@@ -289,7 +299,7 @@ def render_summary(
         by_cpu = record.get("runs_by_cpu", {}).get(mode) or ({_cpu(run): run} if run else {})
         timed = record["steps"].get(mode, {})
         if by_cpu:
-            for run in sorted(by_cpu.values(), key=lambda r: str(r.get("finished")), reverse=True):
+            for run in _latest_first(by_cpu):
                 rows.append(f"| {what}, {run['steps']} steps, `-j {run['jobs']}` | "
                             f"{fmt_seconds(run['total_s'])} | {_budget(mode, run['total_s'])} | "
                             f"{_when(run)}, {fmt_machine(run['machine'])} |")  # fmt: skip

@@ -207,7 +207,20 @@ def load(path: Path = RECORD) -> dict[str, Any]:
     return data
 
 
-def _latest_first(by_cpu: Mapping[str, Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+def _keep(record: dict[str, Any], latest: str, name: str, rec: dict[str, Any]) -> None:
+    """``rec`` is the latest of ``name`` (a phase or mode) under ``latest`` ("phases" or
+    "runs"), and the latest on its CPU model."""
+    record[latest][name] = rec
+    record.setdefault(f"{latest}_by_cpu", {}).setdefault(name, {})[_cpu(rec)] = rec
+
+
+def _each_cpu(record: Mapping[str, Any], latest: str, name: str) -> list[Mapping[str, Any]]:
+    """The latest of ``name`` on each CPU model, latest first (a record that did not come
+    through :func:`load` may have no per-CPU field: then its one latest)."""
+    by_cpu = record.get(f"{latest}_by_cpu", {}).get(name)
+    if not by_cpu:
+        rec = record[latest].get(name)
+        by_cpu = {_cpu(rec): rec} if rec else {}
     return sorted(by_cpu.values(), key=lambda r: str(r.get("finished")), reverse=True)
 
 
@@ -223,8 +236,7 @@ def merge(record: dict[str, Any], build: Path) -> list[str]:
         if f.is_file():
             rec = json.loads(f.read_text(encoding="utf-8"))
             if record["phases"].get(phase) != rec:
-                record["phases"][phase] = rec
-                record.setdefault("phases_by_cpu", {}).setdefault(phase, {})[_cpu(rec)] = rec
+                _keep(record, "phases", phase, rec)
                 changed.append(f"{phase}: {rec['seconds']} s")
     for f in (build / "timings.json", build / "quick" / "timings.json"):
         if not f.is_file():
@@ -241,9 +253,8 @@ def merge(record: dict[str, Any], build: Path) -> list[str]:
                     changed.append(f"{mode} {name}: {s['seconds']} s")
         if run["complete"] and record["runs"].get(mode, {}).get("finished") != run["finished"]:
             keep = ("finished", "machine", "revision", "jobs", "total_s")
-            latest = {k: run[k] for k in keep if k in run} | {"steps": len(run["steps"])}
-            record["runs"][mode] = latest
-            record.setdefault("runs_by_cpu", {}).setdefault(mode, {})[_cpu(latest)] = latest
+            _keep(record, "runs", mode,
+                  {k: run[k] for k in keep if k in run} | {"steps": len(run["steps"])})  # fmt: skip
             changed.append(f"{mode} run: {run['total_s']} s")
     return changed
 
@@ -285,21 +296,19 @@ def render_summary(
     CPU models gets a row for each (latest first)."""
     rows = ["| what | time | budget | measured on |", "|---|---:|---|---|"]
     for phase, what in PHASES.items():
-        rec = record["phases"].get(phase)
-        by_cpu = record.get("phases_by_cpu", {}).get(phase) or ({_cpu(rec): rec} if rec else {})
-        if by_cpu:
-            for rec in _latest_first(by_cpu):
+        recs = _each_cpu(record, "phases", phase)
+        if recs:
+            for rec in recs:
                 rows.append(f"| {what} | {fmt_seconds(rec['seconds'])} | "
                             f"{_budget(phase, rec['seconds'])} | {_when(rec)}, "
                             f"{fmt_machine(rec['machine'])} |")  # fmt: skip
         else:
             rows.append(f"| {what} | not measured yet | {_budget(phase, None)} | |")
     for mode, what in MODES.items():
-        run = record["runs"].get(mode)
-        by_cpu = record.get("runs_by_cpu", {}).get(mode) or ({_cpu(run): run} if run else {})
+        runs = _each_cpu(record, "runs", mode)
         timed = record["steps"].get(mode, {})
-        if by_cpu:
-            for run in _latest_first(by_cpu):
+        if runs:
+            for run in runs:
                 rows.append(f"| {what}, {run['steps']} steps, `-j {run['jobs']}` | "
                             f"{fmt_seconds(run['total_s'])} | {_budget(mode, run['total_s'])} | "
                             f"{_when(run)}, {fmt_machine(run['machine'])} |")  # fmt: skip

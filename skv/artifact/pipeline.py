@@ -591,6 +591,9 @@ class Result:
     status: str  # ran | cached | skipped | failed
     seconds: float = 0.0
     note: str = ""
+    #: CPU seconds of the step's process tree (papermill, its kernel, and every process the
+    #: kernel waited for: sweep workers, engines), from wait4; None when it did not run
+    cpu_seconds: float | None = None
 
 
 def select(names: Sequence[str] | None) -> list[Step]:
@@ -634,8 +637,10 @@ def figure_stamp(step: Step, *, quick: bool) -> str | None:
     return f"--quick run: smaller configs, not the paper's numbers{shared}"
 
 
-def execute_notebook(step: Step, params: dict[str, Any], layout: Layout, root: Path) -> None:
-    """papermill, in a child process of this Python (so the venv's ``python3`` kernel)."""
+def execute_notebook(step: Step, params: dict[str, Any], layout: Layout, root: Path) -> float:
+    """papermill, in a child process of this Python (so the venv's ``python3`` kernel); returns
+    the CPU seconds (user + system) of that process and every descendant it or they reaped:
+    where a step's time goes when steps share the CPU, which its wall time cannot say."""
     layout.notebooks.mkdir(parents=True, exist_ok=True)
     out_dir = layout.step_dir(step.name)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -661,10 +666,15 @@ def execute_notebook(step: Step, params: dict[str, Any], layout: Layout, root: P
     if stamp:
         env[FIGURE_STAMP_ENV] = stamp
     with open(layout.step_log(step.name), "w", encoding="utf-8") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, check=False)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        # wait4, not wait(): the child's own rusage (RUSAGE_CHILDREN would mix the steps that
+        # other threads run at the same time)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         tail = layout.step_log(step.name).read_text(encoding="utf-8").strip().splitlines()[-6:]
         raise RuntimeError(f"papermill exited {proc.returncode}: " + " | ".join(tail))
+    return usage.ru_utime + usage.ru_stime
 
 
 def recorded_seconds(root: Path, mode: str) -> dict[str, float]:
@@ -739,20 +749,23 @@ def run_pipeline(
         say(f"[start] {step.name}")
         t0 = time.perf_counter()
         try:
-            execute_notebook(step, params, layout, root)
+            cpu = execute_notebook(step, params, layout, root)
         except RuntimeError as exc:
             return Result(step.name, "failed", time.perf_counter() - t0, str(exc))
         elapsed = time.perf_counter() - t0
         missing = [str(p) for p in outs if not p.is_file() or p.stat().st_size == 0]
         if missing:
-            return Result(step.name, "failed", elapsed, f"outputs missing or empty: {missing}")
+            note = f"outputs missing or empty: {missing}"
+            return Result(step.name, "failed", elapsed, note, cpu)
         # when, and from which commit: the claims' measurement record reads it
         # (skv.artifact.measurements)
         rev = revision if timings.revision(root) == revision else f"{revision}+dirty"
         done = {"key": key, "seconds": round(elapsed, 2), "finished": timings.now(),
                 "revision": rev, "mode": "quick" if quick else "full"}  # fmt: skip
+        if cpu is not None:
+            done["cpu_seconds"] = round(cpu, 2)
         stamp.write_text(json.dumps(done) + "\n")
-        return Result(step.name, "ran", elapsed)
+        return Result(step.name, "ran", elapsed, cpu_seconds=cpu)
 
     def alone(step: Step) -> bool:
         # --quick checks no timing claim (tests/test_claims.py holds every claim of a timed
@@ -787,8 +800,9 @@ def run_pipeline(
                 results[step.name] = res
                 n = len(results)
                 say(
-                    f"[{n}/{len(steps)}] {step.name}: {res.status.upper()}"
-                    f" ({res.seconds:.1f} s){': ' + res.note if res.note else ''}"
+                    f"[{n}/{len(steps)}] {step.name}: {res.status.upper()} ({res.seconds:.1f} s"
+                    f"{'' if res.cpu_seconds is None else f', CPU {res.cpu_seconds:.1f} s'})"
+                    f"{': ' + res.note if res.note else ''}"
                 )
     ordered = [results[s.name] for s in steps]
     total = time.perf_counter() - t_start

@@ -175,10 +175,16 @@ def run_record(
 ) -> dict[str, Any]:
     """A pipeline run's times (``results``: the pipeline's Result objects). ``complete``: every
     step of ``all_steps`` ran in this run, so ``total_s`` is the time of the whole mode."""
-    steps = {r.step: {"status": r.status, "seconds": round(r.seconds, 1)} for r in results}
+    steps = {}
+    for r in results:
+        steps[r.step] = {"status": r.status, "seconds": round(r.seconds, 1)}
+        if getattr(r, "cpu_seconds", None) is not None:
+            steps[r.step]["cpu_s"] = round(r.cpu_seconds, 1)
     complete = set(steps) == set(all_steps) and all(s["status"] == "ran" for s in steps.values())
+    cpu = [s["cpu_s"] for s in steps.values() if "cpu_s" in s]
     return {"mode": "quick" if quick else "full", "finished": now(), "machine": machine(),
             "revision": revision(), "jobs": jobs, "total_s": round(total_s, 1),
+            **({"cpu_s": round(sum(cpu), 1)} if cpu else {}),
             "complete": complete, "steps": steps}  # fmt: skip
 
 
@@ -248,11 +254,13 @@ def merge(record: dict[str, Any], build: Path) -> list[str]:
             if s["status"] == "ran":
                 new = {"seconds": s["seconds"], "finished": run["finished"],
                        "machine": run["machine"]}  # fmt: skip
+                if "cpu_s" in s:  # runs from before CPU accounting have none
+                    new["cpu_s"] = s["cpu_s"]
                 if per_step.get(name) != new:
                     per_step[name] = new
                     changed.append(f"{mode} {name}: {s['seconds']} s")
         if run["complete"] and record["runs"].get(mode, {}).get("finished") != run["finished"]:
-            keep = ("finished", "machine", "revision", "jobs", "total_s")
+            keep = ("finished", "machine", "revision", "jobs", "total_s", "cpu_s")
             _keep(record, "runs", mode,
                   {k: run[k] for k in keep if k in run} | {"steps": len(run["steps"])})  # fmt: skip
             changed.append(f"{mode} run: {run['total_s']} s")
@@ -328,21 +336,26 @@ def render_summary(
 def render_steps(
     record: Mapping[str, Any], steps: Sequence[str], engine: Collection[str] = ()
 ) -> str:
-    """Every step's latest measured time, quick and full (one row per step), then the sums of
-    the steps that measure a real engine's time (``engine``: they run alone, one at a time) and
-    of the others (two at a time)."""
-    rows = ["| step | `--quick` | quick measured on | full | full measured on |",
-            "|---|---:|---|---:|---|"]  # fmt: skip
+    """Every step's latest measured time, quick and full (one row per step), and its CPU time
+    where the run recorded one (the step's processes, engines and workers included: what it
+    costs however it shared the machine), then the sums of the steps that measure a real
+    engine's time (``engine``: they run alone, one at a time) and of the others (two at a
+    time)."""
+    rows = ["| step | `--quick` | CPU | quick measured on | full | CPU | full measured on |",
+            "|---|---:|---:|---|---:|---:|---|"]  # fmt: skip
     quick, full = record["steps"].get("quick", {}), record["steps"].get("full", {})
 
     def on(t: Mapping[str, Any] | None) -> str:
         return f"{_when(t)}, {fmt_machine(t['machine'])}" if t else "not timed yet"
 
+    def cell(t: Mapping[str, Any] | None, key: str) -> str:
+        return fmt_seconds(t[key]) if t and key in t else "-"
+
     for name in steps:
         q, f = quick.get(name), full.get(name)
         rows.append(
-            f"| `{name}` | {fmt_seconds(q['seconds']) if q else '-'} | {on(q)} | "
-            f"{fmt_seconds(f['seconds']) if f else '-'} | {on(f)} |"
+            f"| `{name}` | {cell(q, 'seconds')} | {cell(q, 'cpu_s')} | {on(q)} | "
+            f"{cell(f, 'seconds')} | {cell(f, 'cpu_s')} | {on(f)} |"
         )
     groups = {
         "steps timing an engine (full run: alone)": [s for s in steps if s in engine],
@@ -353,10 +366,12 @@ def render_steps(
             continue
         sums = []
         for times in (quick, full):
-            timed = [times[s]["seconds"] for s in group if s in times]
-            sums.append(fmt_seconds(sum(timed)) + ("" if len(timed) == len(group) else
-                        f" ({len(timed)} of {len(group)} timed)") if timed else "-")  # fmt: skip
-        rows.append(f"| sum of the {len(group)} {label} | {sums[0]} | | {sums[1]} | |")
+            for key in ("seconds", "cpu_s"):
+                timed = [times[s][key] for s in group if key in times.get(s, {})]
+                part = "" if len(timed) == len(group) else f" ({len(timed)} of {len(group)} timed)"
+                sums.append(fmt_seconds(sum(timed)) + part if timed else "-")
+        rows.append(f"| sum of the {len(group)} {label} | {sums[0]} | {sums[1]} | | "
+                    f"{sums[2]} | {sums[3]} | |")  # fmt: skip
     return "\n".join(rows)
 
 

@@ -14,6 +14,7 @@ server and its EngineCore child).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import logging
 import os
@@ -21,6 +22,7 @@ import shlex
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -427,6 +429,7 @@ class VllmServer:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop())
         self._log.write(f"$ {shlex.join(self.command())}\n".encode())
         self._log.flush()
+        _become_subreaper()
         self._t0 = time.monotonic()
         self.proc = subprocess.Popen(
             self.command(),
@@ -522,13 +525,56 @@ def _kill_group(proc: subprocess.Popen, timeout: float) -> int | None:
     if pgid is not None:
         # children (EngineCore) may outlive the parent's exit: wait for the group, then kill it
         deadline = time.monotonic() + (timeout if code is not None else 0.0)
-        while _group_alive(pgid) and time.monotonic() < deadline:
+        while _reap_group(pgid) and _group_alive(pgid) and time.monotonic() < deadline:
             time.sleep(0.2)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGKILL)
     if code is None:
         code = proc.wait()
+    if pgid is not None:
+        _reap_group(pgid, block=True)
     return code
+
+
+_SUBREAPER = False
+
+
+def _become_subreaper() -> None:
+    """Make this process the Linux child subreaper of what it starts: vLLM's EngineCore
+    outlives its API server (on SIGTERM the server exits first), and would be re-parented to
+    init; here it is re-parented to this process, which reaps it in :func:`_kill_group`, so
+    its CPU time counts among this process's children's (a pipeline step's CPU time is its
+    process tree's: ``skv.artifact.pipeline.execute_notebook``)."""
+    global _SUBREAPER
+    if _SUBREAPER or not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    _SUBREAPER = True
+
+
+def _group_pids(pgid: int) -> list[int]:
+    """The processes of group ``pgid`` (zombies included), from /proc."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2 :].split()
+        if len(fields) > 2 and fields[2] == str(pgid):
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def _reap_group(pgid: int, block: bool = False) -> bool:
+    """Reap the processes of group ``pgid`` that are this process's children (orphans
+    re-parented to it, :func:`_become_subreaper`); a zombie left unreaped would keep the group
+    alive. Returns True, for use in a loop condition."""
+    for pid in _group_pids(pgid):
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0 if block else os.WNOHANG)
+    return True
 
 
 def _group_alive(pgid: int) -> bool:

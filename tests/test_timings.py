@@ -273,3 +273,14 @@ def test_a_step_s_cpu_time_counts_the_processes_its_notebook_started(tmp_path):
     after = resource.getrusage(resource.RUSAGE_SELF)
     assert cpu >= 1.5, cpu
     assert (after.ru_utime + after.ru_stime) - (mine.ru_utime + mine.ru_stime) < 1.0
+
+
+def test_papermill_runs_without_the_iri_grammar_jsonschema_would_build_at_import():
+    """The steps' papermill skips rfc3987-syntax (a Lark grammar, ~1 CPU s per step) and still
+    imports: jsonschema treats it as absent. Fails if the prelude stops blocking it."""
+    probe = (
+        f"{pipeline.PAPERMILL_PRELUDE}; import papermill.cli, nbformat, jsonschema; "
+        "print(sys.modules['rfc3987_syntax'] is None)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr

@@ -637,6 +637,14 @@ def figure_stamp(step: Step, *, quick: bool) -> str | None:
     return f"--quick run: smaller configs, not the paper's numbers{shared}"
 
 
+#: run before papermill in its process: jsonschema (through nbformat) imports the optional
+#: rfc3987-syntax, which builds a Lark grammar for IRI formats at import, about 1 CPU second
+#: (1.0 of papermill's 1.6 s of imports, measured on the AMD VM) in every step; no notebook
+#: schema checks an IRI, and jsonschema does without it when it cannot be imported
+PAPERMILL_PRELUDE = "import sys; sys.modules['rfc3987_syntax'] = None"
+PAPERMILL_MAIN = "from papermill.cli import papermill; papermill(prog_name='papermill')"
+
+
 def execute_notebook(step: Step, params: dict[str, Any], layout: Layout, root: Path) -> float:
     """papermill, in a child process of this Python (so the venv's ``python3`` kernel); returns
     the CPU seconds (user + system) of that process and every descendant it or they reaped:
@@ -646,8 +654,8 @@ def execute_notebook(step: Step, params: dict[str, Any], layout: Layout, root: P
     out_dir.mkdir(parents=True, exist_ok=True)
     cmd = [
         sys.executable,
-        "-m",
-        "papermill",
+        "-c",
+        f"{PAPERMILL_PRELUDE}; {PAPERMILL_MAIN}",
         str(root / step.notebook),
         str(layout.notebooks / f"{step.name}.ipynb"),
         "-k",

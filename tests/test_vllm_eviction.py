@@ -128,27 +128,40 @@ def test_served_engine_with_policies_matches_stock_and_the_simulator(engine_pyth
     sae = rows["saecache"]
     gap = 100 * abs(sae["concurrent_hit_rate"] - sae["simulated_hit_rate"])
     assert res["max_concurrent_gap_pts"] == sae["concurrent_gap_pts"] == pytest.approx(gap)
-    lines = [json.loads(x) for x in (tmp_path / "eviction-saecache.jsonl").read_text().splitlines()]
-    assert lines[0]["event"] == "start" and lines[0]["policy"] == "saecache"
-    assert [x["event"] for x in lines].count("reset") == 1
+    # one engine served both policies: lru from its start, saecache after a switching reset,
+    # then saecache's concurrent pass after a second reset
+    lines = [json.loads(x) for x in (tmp_path / "eviction-plugin.jsonl").read_text().splitlines()]
+    assert lines[0]["event"] == "start" and lines[0]["policy"] == "lru"
+    resets = [x for x in lines if x["event"] == "reset"]
+    assert [x["policy"] for x in resets] == ["saecache", "saecache"]
     assert lines[0]["vllm"] == "0.32.0" and lines[0]["num_blocks"] == 64
 
 
-def test_a_pass_after_a_cache_reset_sees_what_a_fresh_engine_sees(engine_python, tmp_path):
-    """The study sends its concurrent pass to the same engine after /reset_prefix_cache
-    instead of starting a new one: that is sound only if a reset engine serves the trace as a
-    fresh one does. saecache (learned gaps, the client clock, a request count: the most state
-    of any policy) sent the same trace twice, with a reset between, gives every request the
-    same cached tokens both times."""
+def test_a_pass_after_a_cache_reset_or_a_policy_switch_sees_what_a_fresh_engine_sees(
+    engine_python, tmp_path
+):
+    """The study runs every policy on one engine, switched with /reset_prefix_cache
+    (VllmServer.switch_eviction), and its concurrent passes after a reset, instead of
+    starting an engine for each: that is sound only if a reset engine serves the trace as a
+    fresh one does. lru, then saecache (learned gaps, the client clock, a request count: the
+    most state of any policy) twice on one engine give every request the cached tokens that
+    saecache gives on an engine of its own, both times; lru's differ (the switch is real)."""
     from skv.experiments.engine import synthetic_trace
     from skv.experiments.vllm_eviction import study
 
-    cfg = {**study.DEFAULTS, "num_requests": 40, "work_dir": str(tmp_path)}
-    first, second = study.measure(cfg, synthetic_trace(cfg), tmp_path, "saecache", [1, 1])
-    cached = [[r.cached_tokens for r in p["results"]] for p in (first, second)]
-    assert all(r.ok for p in (first, second) for r in p["results"])
-    assert sum(cached[0]) > 0 and min(cached[0]) == 0  # hits and misses: not vacuous
-    assert cached[0] == cached[1]
-    # the plugin's log is cut at the reset: each pass has its own state lines
-    assert first["plugin_log"][0]["event"] == "start"
-    assert second["plugin_log"][0]["event"] == "reset"
+    cfg = {**study.DEFAULTS, "num_requests": 50, "work_dir": str(tmp_path)}
+    trace = synthetic_trace(cfg)
+    got = study.measure_variants(cfg, trace, tmp_path, [("lru", [1]), ("saecache", [1, 1])])
+    fresh = study.measure(cfg, trace, tmp_path / "fresh", "saecache")
+    cached = {
+        name: [r.cached_tokens for r in p["results"]]
+        for name, p in (("lru", got["lru"][0]), ("switched", got["saecache"][0]),
+                        ("reset", got["saecache"][1]), ("fresh", fresh[0]))
+    }  # fmt: skip
+    assert all(r.ok for ps in (*got.values(), fresh) for p in ps for r in p["results"])
+    assert sum(cached["fresh"]) > 0 and min(cached["fresh"]) == 0  # hits and misses
+    assert cached["switched"] == cached["fresh"] == cached["reset"]
+    assert cached["lru"] != cached["fresh"]
+    # the plugin's log is cut at the resets: each pass has its own lines
+    assert got["lru"][0]["plugin_log"][0]["event"] == "start"
+    assert [p["plugin_log"][0]["policy"] for p in got["saecache"]] == ["saecache"] * 2

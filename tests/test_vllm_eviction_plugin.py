@@ -99,7 +99,7 @@ def test_request_view_types_a_malformed_request_unknown_and_warns_once(caplog):
 
 
 def test_settings_from_env(monkeypatch):
-    for k in (ep.ENV_POLICY, ep.ENV_PARAMS, ep.ENV_LOG, ep.ENV_LOG_EVERY):
+    for k in (ep.ENV_POLICY, ep.ENV_PARAMS, ep.ENV_LOG, ep.ENV_LOG_EVERY, ep.ENV_NEXT):
         monkeypatch.delenv(k, raising=False)
     assert ep.settings_from_env() is None  # off: stock vLLM
     monkeypatch.setenv(ep.ENV_POLICY, "static_semantic")
@@ -107,7 +107,8 @@ def test_settings_from_env(monkeypatch):
     monkeypatch.setenv(ep.ENV_LOG, "/tmp/x.jsonl")
     got = ep.settings_from_env()
     assert got == {"policy": "static_semantic", "params": {"half_life_s": 5},
-                   "log": "/tmp/x.jsonl", "log_every": 16, "clock": "wall"}  # fmt: skip
+                   "log": "/tmp/x.jsonl", "log_every": 16, "clock": "wall",
+                   "next": None}  # fmt: skip
     monkeypatch.setenv(ep.ENV_CLOCK, "client")
     assert ep.settings_from_env()["clock"] == "client"
     monkeypatch.setenv(ep.ENV_CLOCK, "sundial")
@@ -359,7 +360,7 @@ class _FakeBlock:
         return f"B{self.block_id}"
 
 
-def _fake_pool(monkeypatch):
+def _fake_pool(monkeypatch, **settings_over):
     """The plugin's block pool (and its ``PolicyFreeQueue``), built against stand-ins for the
     two vLLM classes they subclass (no vLLM, no engine)."""
     import types
@@ -389,7 +390,7 @@ def _fake_pool(monkeypatch):
     for name, mod in mods.items():
         monkeypatch.setitem(sys.modules, name, mod)
     settings = {"policy": "lru", "params": {}, "log": None, "log_every": 16, "clock": "client"}
-    pool = ep.make_pool_class(settings)(4)
+    pool = ep.make_pool_class({**settings, **settings_over})(4)
     assert pool.free_block_queue.num_free_blocks == 3  # blocks 1..3 (0 is vLLM's null block)
     return pool
 
@@ -463,3 +464,31 @@ def test_a_reset_cache_starts_the_client_clock_and_the_request_count_again(monke
     pool.begin(request("b0", 1.5))
     assert pool.now() == 1.5
     assert pool._views["b0"].arrival_s == 1.5
+
+
+def test_a_reset_switches_to_the_policy_the_next_file_names_and_a_bad_file_keeps_it(
+    monkeypatch, tmp_path, caplog
+):
+    """SKV_EVICTION_NEXT: at a prefix-cache reset the pool builds the policy the file names
+    (with its ghost list when it keeps one), and its log's reset line names the policy in
+    force; no file, a file that does not parse or a policy that cannot be built keep the
+    policy in force (logged, never raised inside the engine)."""
+    nxt, log = tmp_path / "next.json", tmp_path / "ev.jsonl"
+    pool = _fake_pool(monkeypatch, next=str(nxt), log=str(log))
+    assert type(pool.skv_order.policy).__name__.lower().startswith("lru")
+
+    def reset_to(spec: str | None) -> dict:
+        if spec is not None:
+            nxt.write_text(spec)
+        assert pool.reset_prefix_cache()
+        return json.loads(log.read_text().splitlines()[-1])
+
+    assert reset_to(None)["policy"] == "lru"  # no file yet: kept
+    line = reset_to('{"policy": "saecache", "params": {"eta": 0.2}}')
+    assert line == {"event": "reset", "policy": "saecache", "params": {"eta": 0.2}}
+    assert "SAECache" in type(pool.skv_order.policy).__name__
+    assert pool.skv_order.ghost.capacity == (4 if pool.skv_order.policy.uses_ghost_list else 0)
+    for bad in ("{oops", '{"policy": "belady"}', '{"policy": "lru", "params": [1]}', "[]"):
+        assert reset_to(bad)["policy"] == "saecache", bad
+    assert "the policy in force stays" in caplog.text
+    assert reset_to('{"policy": "lru"}') == {"event": "reset", "policy": "lru", "params": {}}

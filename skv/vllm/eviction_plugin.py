@@ -16,7 +16,13 @@ Enabled by environment (``skv vllm serve --eviction POLICY`` sets it; unset = st
 - ``SKV_EVICTION_LOG``: a JSONL side file: a ``start`` line, then the policy's state (evictions by
   type, ghost hits, learned weights) every ``SKV_EVICTION_LOG_EVERY`` evictions (default 16),
   with the requests seen and the plugin's own time so far (``hook_s``: its hooks and the
-  policy's victim searches).
+  policy's victim searches), and a ``reset`` line (naming the policy in force) at every
+  prefix-cache reset;
+- ``SKV_EVICTION_NEXT``: a JSON file ``{"policy": ..., "params": {...}}`` read at every
+  prefix-cache reset: the reset cache is then run by that policy (one engine serves several
+  policies in turn, each on an empty cache, as a fresh engine would; ``VllmServer.switch_eviction``
+  writes it). A file that is absent keeps the policy; one that does not parse, or names a policy
+  that cannot be built, keeps it too and is logged (the ``reset`` line says which policy runs).
 
 What it patches (vLLM |PINNED_VLLM| only; another version is refused with a message): the
 ``BlockPool`` class the KV-cache coordinator builds (a subclass that reports touch, hash and free
@@ -56,6 +62,7 @@ ENV_POLICY = "SKV_EVICTION"
 ENV_PARAMS = "SKV_EVICTION_PARAMS"
 ENV_LOG = "SKV_EVICTION_LOG"
 ENV_LOG_EVERY = "SKV_EVICTION_LOG_EVERY"
+ENV_NEXT = "SKV_EVICTION_NEXT"
 #: bounds on what a client may send in xargs (a request is at most a context window long)
 MAX_SEGMENTS = 4096
 MAX_TURN = 2**31
@@ -245,7 +252,29 @@ def settings_from_env() -> dict[str, Any] | None:
         "log": os.environ.get(ENV_LOG) or None,
         "log_every": int(every),
         "clock": clock,
+        "next": os.environ.get(ENV_NEXT) or None,
     }
+
+
+def next_policy(path: str | None) -> tuple[str, dict[str, Any]] | None:
+    """The policy a prefix-cache reset switches to (``SKV_EVICTION_NEXT``): ``(name, params)``,
+    built once here to check it, or None to keep the one in force (no file, or a bad one:
+    logged, never raised inside the engine)."""
+    from skv.policies.registry import make_policy
+
+    if not path or not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            spec = json.load(f)
+        name, params = spec["policy"], spec.get("params") or {}
+        if not isinstance(name, str) or not isinstance(params, dict):
+            raise ValueError("expected {'policy': NAME, 'params': {...}}")
+        make_policy(name, params)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.error("skv eviction: %s: %s; the policy in force stays", path, exc)
+        return None
+    return name, params
 
 
 def register() -> None:
@@ -393,8 +422,7 @@ def make_pool_class(settings: dict[str, Any]) -> type:
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            policy = make_policy(settings["policy"], settings["params"])
-            ghost = self.num_gpu_blocks if getattr(policy, "uses_ghost_list", False) else 0
+            policy, ghost = self._new_policy()
             self.skv_order = FreeOrder(policy, ghost_capacity=ghost)
             self._t0 = time.monotonic()
             self._client_clock = settings.get("clock") == "client"
@@ -413,6 +441,12 @@ def make_pool_class(settings: dict[str, Any]) -> type:
                 "vllm": PINNED_VLLM, "num_blocks": self.num_gpu_blocks,
                 "block_size": self.hash_block_size, "pid": os.getpid(),
             })  # fmt: skip
+
+        def _new_policy(self) -> tuple[Any, int]:
+            """The policy in force, new, and its ghost list's size (FreeOrder's arguments)."""
+            policy = make_policy(settings["policy"], settings["params"])
+            ghost = self.num_gpu_blocks if getattr(policy, "uses_ghost_list", False) else 0
+            return policy, ghost
 
         def now(self) -> float:
             """The policy's clock: with ``clock: client``, the latest ``skv_time`` a request
@@ -508,8 +542,10 @@ def make_pool_class(settings: dict[str, Any]) -> type:
         def reset_prefix_cache(self) -> bool:
             ok = super().reset_prefix_cache()
             if ok:  # a reset cache is a new cache: a fresh policy, every block unhashed
-                policy = make_policy(settings["policy"], settings["params"])
-                ghost = self.skv_order.ghost.capacity
+                switch = next_policy(settings.get("next"))
+                if switch is not None:  # and maybe another one (SKV_EVICTION_NEXT)
+                    settings["policy"], settings["params"] = switch
+                policy, ghost = self._new_policy()
                 self.skv_order.__init__(policy, ghost_capacity=ghost)
                 q = self.free_block_queue
                 q.order = self.skv_order
@@ -520,7 +556,8 @@ def make_pool_class(settings: dict[str, Any]) -> type:
                 self._logical = 0.0
                 self._index = 0
                 self._logged_at = 0
-                self._log({"event": "reset"})
+                self._log({"event": "reset", "policy": settings["policy"],
+                           "params": settings["params"]})  # fmt: skip
             return ok
 
         def _unsupported(self, *args: Any, **kwargs: Any):

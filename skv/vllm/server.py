@@ -314,6 +314,46 @@ class VllmServer:
             make_policy(eviction, self.eviction_params)  # a bad name or parameter fails here
             self.eviction_log = Path(eviction_log or self.log_path.with_name("eviction.jsonl"))
 
+    @property
+    def eviction_next(self) -> Path:
+        """Where :meth:`switch_eviction` names the next policy (the plugin's
+        ``SKV_EVICTION_NEXT``), beside the eviction log."""
+        assert self.eviction_log is not None, "a server without eviction has no plugin"
+        return self.eviction_log.with_name(self.eviction_log.stem + ".next.json")
+
+    def switch_eviction(self, policy: str, params: dict[str, Any] | None = None) -> None:
+        """Serve ``policy`` from now on, on an emptied prefix cache: one engine runs several
+        policies in turn (an engine start costs more CPU than a short trace: about 23 CPU
+        seconds for the tiny model on the 2-core VM). The plugin reads :attr:`eviction_next` at
+        ``POST /reset_prefix_cache`` (the server needs ``VLLM_SERVER_DEV_MODE=1``) and builds
+        the policy anew, as a fresh engine would; the reset line it logs must name ``policy``.
+        Raises :class:`ServerError` for a stock server, a refused reset or a switch the
+        plugin did not make; a bad policy name or parameter fails before anything is sent."""
+        from skv.policies.registry import make_policy
+
+        if self.eviction is None:
+            raise ServerError("switch_eviction: this server runs stock vLLM (no eviction plugin)")
+        params = dict(params or {})
+        make_policy(policy, params)
+        tmp = self.eviction_next.with_suffix(".part")
+        tmp.write_text(json.dumps({"policy": policy, "params": params}), encoding="utf-8")
+        tmp.replace(self.eviction_next)
+        r = httpx.post(f"{self.base_url}/reset_prefix_cache", timeout=30.0)
+        if r.status_code != 200 or not r.json().get("success"):
+            raise ServerError(
+                f"switch_eviction({policy!r}): reset_prefix_cache answered {r.status_code} "
+                f"{r.text[:200]} (it needs VLLM_SERVER_DEV_MODE=1 and no request in flight)"
+            )
+        assert self.eviction_log is not None
+        lines = self.eviction_log.read_text(encoding="utf-8").splitlines()
+        resets = [json.loads(x) for x in lines if '"event": "reset"' in x]
+        if not resets or (resets[-1].get("policy"), resets[-1].get("params")) != (policy, params):
+            raise ServerError(
+                f"switch_eviction({policy!r}): the plugin's last reset line is "
+                f"{resets[-1] if resets else None} (see {self.log_path})"
+            )
+        self.eviction, self.eviction_params = policy, params
+
     # ------------------------------------------------------------------ command line
 
     @property
@@ -366,6 +406,7 @@ class VllmServer:
             env["SKV_EVICTION_PARAMS"] = json.dumps(self.eviction_params)
             env["SKV_EVICTION_LOG"] = str(self.eviction_log)
             env["SKV_EVICTION_CLOCK"] = self.eviction_clock
+            env["SKV_EVICTION_NEXT"] = str(self.eviction_next)
             env["SKV_CHECKOUT"] = str(checkout_root())
         env.update(self.extra_env)
         return env
@@ -408,6 +449,7 @@ class VllmServer:
             assert self.eviction_log is not None
             self.eviction_log.parent.mkdir(parents=True, exist_ok=True)
             self.eviction_log.unlink(missing_ok=True)  # this run's lines only
+            self.eviction_next.unlink(missing_ok=True)  # the first policy is the one asked for
         self._spawn()
         if wait:
             try:

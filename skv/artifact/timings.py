@@ -213,11 +213,26 @@ def load(path: Path = RECORD) -> dict[str, Any]:
     return data
 
 
-def _keep(record: dict[str, Any], latest: str, name: str, rec: dict[str, Any]) -> None:
-    """``rec`` is the latest of ``name`` (a phase or mode) under ``latest`` ("phases" or
-    "runs"), and the latest on its CPU model."""
-    record[latest][name] = rec
-    record.setdefault(f"{latest}_by_cpu", {}).setdefault(name, {})[_cpu(rec)] = rec
+def _newer(rec: Mapping[str, Any], than: Mapping[str, Any] | None) -> bool:
+    """``rec`` was measured after ``than`` (or there is nothing to compare): a build folder
+    kept from an earlier run never replaces a later measurement (``finished``: ISO 8601 UTC
+    times of one format, so they order as strings)."""
+    return than is None or str(rec.get("finished", "")) > str(than.get("finished", ""))
+
+
+def _keep(record: dict[str, Any], latest: str, name: str, rec: dict[str, Any]) -> bool:
+    """Keep ``rec`` as the latest of ``name`` (a phase or mode) under ``latest`` ("phases" or
+    "runs") and as the latest on its CPU model, each only where it is newer than what is
+    there; True when it was kept as either."""
+    by_cpu = record.setdefault(f"{latest}_by_cpu", {}).setdefault(name, {})
+    kept = False
+    if _newer(rec, by_cpu.get(_cpu(rec))):
+        by_cpu[_cpu(rec)] = rec
+        kept = True
+    if _newer(rec, record[latest].get(name)):
+        record[latest][name] = rec
+        kept = True
+    return kept
 
 
 def _each_cpu(record: Mapping[str, Any], latest: str, name: str) -> list[Mapping[str, Any]]:
@@ -241,8 +256,7 @@ def merge(record: dict[str, Any], build: Path) -> list[str]:
         f = build / f"{phase}.json"
         if f.is_file():
             rec = json.loads(f.read_text(encoding="utf-8"))
-            if record["phases"].get(phase) != rec:
-                _keep(record, "phases", phase, rec)
+            if _keep(record, "phases", phase, rec):
                 changed.append(f"{phase}: {rec['seconds']} s")
     for f in (build / "timings.json", build / "quick" / "timings.json"):
         if not f.is_file():
@@ -256,13 +270,12 @@ def merge(record: dict[str, Any], build: Path) -> list[str]:
                        "machine": run["machine"]}  # fmt: skip
                 if "cpu_s" in s:  # runs from before CPU accounting have none
                     new["cpu_s"] = s["cpu_s"]
-                if per_step.get(name) != new:
+                if _newer(new, per_step.get(name)):
                     per_step[name] = new
                     changed.append(f"{mode} {name}: {s['seconds']} s")
-        if run["complete"] and record["runs"].get(mode, {}).get("finished") != run["finished"]:
-            keep = ("finished", "machine", "revision", "jobs", "total_s", "cpu_s")
-            _keep(record, "runs", mode,
-                  {k: run[k] for k in keep if k in run} | {"steps": len(run["steps"])})  # fmt: skip
+        keep = ("finished", "machine", "revision", "jobs", "total_s", "cpu_s")
+        rec = {k: run[k] for k in keep if k in run} | {"steps": len(run["steps"])}
+        if run["complete"] and _keep(record, "runs", mode, rec):
             changed.append(f"{mode} run: {run['total_s']} s")
     return changed
 

@@ -325,14 +325,9 @@ def server_options(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def reset_prefix_cache(srv: Any, timeout_s: float = 30.0) -> None:
-    """Empty ``srv``'s prefix cache (``POST /reset_prefix_cache``; the server needs
-    ``VLLM_SERVER_DEV_MODE=1``). Raises when the engine refuses: it resets only when no request
-    holds blocks."""
-    import httpx
-
-    r = httpx.post(srv.base_url + "/reset_prefix_cache", timeout=timeout_s)
-    if r.status_code != 200 or not r.json().get("success"):
-        raise RuntimeError(f"{srv.base_url}: reset_prefix_cache failed: {r.status_code} {r.text}")
+    """Empty ``srv``'s prefix cache (:meth:`skv.vllm.server.VllmServer.reset_prefix_cache`;
+    its ``ServerError`` is a ``RuntimeError``)."""
+    srv.reset_prefix_cache(timeout_s)
 
 
 def start_and_replay(

@@ -314,6 +314,16 @@ class VllmServer:
             make_policy(eviction, self.eviction_params)  # a bad name or parameter fails here
             self.eviction_log = Path(eviction_log or self.log_path.with_name("eviction.jsonl"))
 
+    def reset_prefix_cache(self, timeout_s: float = 30.0) -> None:
+        """Empty the engine's prefix cache (``POST /reset_prefix_cache``; the server needs
+        ``VLLM_SERVER_DEV_MODE=1``). Raises :class:`ServerError` when the engine refuses: it
+        resets only when no request holds blocks."""
+        r = httpx.post(self.base_url + "/reset_prefix_cache", timeout=timeout_s)
+        if r.status_code != 200 or not r.json().get("success"):
+            raise ServerError(
+                f"{self.base_url}: reset_prefix_cache failed: {r.status_code} {r.text}"
+            )
+
     @property
     def eviction_next(self) -> Path:
         """Where :meth:`switch_eviction` names the next policy (the plugin's
@@ -338,15 +348,11 @@ class VllmServer:
         tmp = self.eviction_next.with_suffix(".part")
         tmp.write_text(json.dumps({"policy": policy, "params": params}), encoding="utf-8")
         tmp.replace(self.eviction_next)
-        r = httpx.post(f"{self.base_url}/reset_prefix_cache", timeout=30.0)
-        if r.status_code != 200 or not r.json().get("success"):
-            raise ServerError(
-                f"switch_eviction({policy!r}): reset_prefix_cache answered {r.status_code} "
-                f"{r.text[:200]} (it needs VLLM_SERVER_DEV_MODE=1 and no request in flight)"
-            )
-        assert self.eviction_log is not None
-        lines = self.eviction_log.read_text(encoding="utf-8").splitlines()
-        resets = [json.loads(x) for x in lines if '"event": "reset"' in x]
+        try:
+            self.reset_prefix_cache()
+        except ServerError as exc:
+            raise ServerError(f"switch_eviction({policy!r}): {exc}") from None
+        resets = self._plugin_lines("reset")
         if not resets or (resets[-1].get("policy"), resets[-1].get("params")) != (policy, params):
             raise ServerError(
                 f"switch_eviction({policy!r}): the plugin's last reset line is "
@@ -428,15 +434,20 @@ class VllmServer:
 
     def _check_plugin_loaded(self) -> None:
         """The engine built the plugin's pool (its side file's ``start`` line is there)."""
-        log = self.eviction_log
-        assert log is not None
-        lines = log.read_text(encoding="utf-8").splitlines() if log.exists() else []
-        starts = [json.loads(x) for x in lines if '"event": "start"' in x]
+        starts = self._plugin_lines("start")
         if not starts or starts[-1].get("policy") != self.eviction:
             raise ServerError(
                 f"eviction {self.eviction!r}: the engine is up but the skv plugin's pool was not "
-                f"built (no start line in {log}); see {self.log_path}\n{self.log_tail()}"
+                f"built (no start line in {self.eviction_log}); see {self.log_path}\n"
+                f"{self.log_tail()}"
             )
+
+    def _plugin_lines(self, event: str) -> list[dict[str, Any]]:
+        """The plugin's side-file lines of ``event`` (``start``, ``reset``, ``state``)."""
+        log = self.eviction_log
+        assert log is not None
+        lines = log.read_text(encoding="utf-8").splitlines() if log.exists() else []
+        return [json.loads(x) for x in lines if f'"event": "{event}"' in x]
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -566,15 +577,19 @@ def _kill_group(proc: subprocess.Popen, timeout: float) -> int | None:
         code = None
     if pgid is not None:
         # children (EngineCore) may outlive the parent's exit: wait for the group, then kill it
+        # (reaping what was re-parented here: a zombie keeps the group alive)
         deadline = time.monotonic() + (timeout if code is not None else 0.0)
-        while _reap_group(pgid) and _group_alive(pgid) and time.monotonic() < deadline:
+        while True:
+            _reap_group(pgid, but=proc.pid)
+            if not _group_alive(pgid) or time.monotonic() >= deadline:
+                break
             time.sleep(0.2)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGKILL)
     if code is None:
         code = proc.wait()
     if pgid is not None:
-        _reap_group(pgid, block=True)
+        _reap_group(pgid, but=proc.pid, block=True)
     return code
 
 
@@ -609,14 +624,14 @@ def _group_pids(pgid: int) -> list[int]:
     return pids
 
 
-def _reap_group(pgid: int, block: bool = False) -> bool:
+def _reap_group(pgid: int, *, but: int, block: bool = False) -> None:
     """Reap the processes of group ``pgid`` that are this process's children (orphans
-    re-parented to it, :func:`_become_subreaper`); a zombie left unreaped would keep the group
-    alive. Returns True, for use in a loop condition."""
+    re-parented to it, :func:`_become_subreaper`), except ``but``: the server itself, whose
+    exit status its ``Popen`` reads."""
     for pid in _group_pids(pgid):
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0 if block else os.WNOHANG)
-    return True
+        if pid != but:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0 if block else os.WNOHANG)
 
 
 def _group_alive(pgid: int) -> bool:

@@ -340,24 +340,52 @@ def test_engine_metrics_read_vllm_timings_and_the_client_view():
 # ---------------------------------------------------------------------- the eviction verdict
 
 
-def test_eviction_verdict_against_a_simulated_engine_agrees_exactly():
+def test_eviction_verdict_against_a_simulated_engine_agrees_exactly(tmp_path):
     """Each variant's engine runs skv's plugin policy (the simulated engine orders its pool by
     SKV_EVICTION and reads the types from extra_args): the simulator, given the same policy and
     the plan's types, must find the same TTFT and hits, so every sign agrees."""
     from skv.experiments.fidelity import eviction_verdict as ev
 
-    made = []
+    made, engines, where, warmups = [], [], [], []
+
+    class Recording(SimulatedEngine):
+        def run_stage(self, name, requests, **kw):
+            if name == "warmup":
+                warmups.append([(r["id"], r["arrival_s"]) for r in requests])
+            return super().run_stage(name, requests, **kw)
 
     def factory(args, work, startup, env=None):
         made.append(env)
-        return SimulatedEngine(args, TRUTH, env=env)
+        where.append((work, startup))
+        engines.append(Recording(args, TRUTH, env=env))
+        return engines[-1]
 
     cfg = {**ev.DEFAULTS, "requests_per_stage": 120, "profile_repeats": 1, "ramp_requests": 30}
-    res = ev.run_eviction_verdict(cfg, engine_factory=factory)
+    res = ev.run_eviction_verdict(cfg, work_dir=tmp_path, engine_factory=factory)
     # a calibration engine, then stock, each policy and the stock control, each fresh
     policies = [e.get("SKV_EVICTION") for e in made]
     assert policies == [None, None, "saecache", "adaptive_semantic", None]
     assert all(e["SKV_EVICTION_CLOCK"] == "client" for e in made[2:4])
+    assert made[2]["SKV_EVICTION_LOG"] == str(tmp_path / "eviction-saecache.jsonl")
+    assert where == [(tmp_path, float(cfg["startup_timeout_s"]))] * 5
+    assert (tmp_path / "measured.pkl").is_file()  # the engine's numbers outlive compare()
+    # every engine is warmed up first; each variant then runs its passes on the same arrivals
+    assert all(e.stages[0] == "warmup" for e in engines)
+    w = cfg["warmup_requests"]
+    assert len(warmups) == 5 and all(x == warmups[0] for x in warmups) and len(warmups[0]) == w
+    assert all(i.startswith("w:") for i, _ in warmups[0])
+    assert [t for _, t in warmups[0]] == pytest.approx([0.02 * i for i in range(w)])
+    assert [e.stages[1:] for e in engines[1:]] == [
+        [f"{v}#{r}" for r in range(cfg["repeats"])] for v in ev.variants(cfg)
+    ]
+    assert res["rate"] == pytest.approx(cfg["load_fraction"] * res["capacity"]["qps"])
+    assert res["engine"]["engine_cpus"] == engines[0].engine_cpus
+    parts = ["calibration_s", *(f"{v}_s" for v in ev.variants(cfg))]
+    assert set(res["timings"]) == {*parts, "engine_total_s"}
+    assert 0 < sum(res["timings"][k] for k in parts) <= res["timings"]["engine_total_s"] < 600
+    assert [v["policy"] for v in res["verdicts"]] == ["saecache", "adaptive_semantic"]
+    assert all(v["engine_preemptions"] == [0, 0] for v in res["variants"])
+    assert res["calibration"]["frontend_ms"] >= 0 and res["calibration"]["n"] > 0
     stock = res["variants"][0]
     assert stock["variant"] == "stock" and stock["cached_equal_share"] == 1.0
     for v in res["variants"]:
@@ -377,7 +405,13 @@ def test_eviction_verdict_against_a_simulated_engine_agrees_exactly():
     ]
     # two engines that differ in nothing agree exactly here
     assert res["noise_floor"]["engine_ttft_ratio"] == [1.0, 1.0]
+    assert res["noise_floor"]["engine_hit_gain_pts"] == [0.0, 0.0]
     assert vals["eviction_verdict_control_ttft_ratio_dev"] == 0.0
+    assert vals["eviction_verdict_control_hit_gain_pts"] == 0.0
+    # and each policy's gain over stock, in points, is the simulator's, pass by pass
+    for v in res["verdicts"]:
+        assert v["engine_hit_gain_pts"] == pytest.approx([v["simulated_hit_gain_pts"]] * 4)
+        assert v["engine_hit_gain_pts_mean"] == pytest.approx(v["simulated_hit_gain_pts"])
     # each policy is compared pass by pass with both stock engines
     assert all(len(v["engine_ttft_ratio"]) == 4 for v in res["verdicts"])
 
@@ -399,7 +433,7 @@ def test_eviction_verdict_needs_the_same_sign_against_both_stock_engines():
     cfg = {**ev.DEFAULTS, "requests_per_stage": 20, "policies": ["saecache"]}
     plan = fl.plan_requests(cfg)
 
-    def verdict(policy=(0.96,), stock=(1.0,), control=(0.94,)) -> dict:
+    def verdict(policy=(0.96,), stock=(1.0,), control=(0.94,), control_cached=0, **over) -> dict:
         """Every request of a pass takes the pass's TTFT (x 100 ms), variant by variant."""
         runs = {}
         for v, ratios in (("stock", stock), ("saecache", policy), ("stock_control", control)):
@@ -412,14 +446,14 @@ def test_eviction_verdict_needs_the_same_sign_against_both_stock_engines():
                         "ttft_vllm": 0.1 * ratio,
                         "output_tokens": 1,
                         "token_times": [10.0 * i + 0.1],
-                        "cached_tokens": 0,
+                        "cached_tokens": control_cached if v == "stock_control" else 0,
                         "preemptions": 1,
                     }
                     for i in range(len(plan.items))
                 ]
         m = {"plan": plan, "runs": runs, "calibration": {"fit": Fit(), "frontend_ms": 0.0},
              "engine": {}, "capacity": {}, "rate": 1.0, "timings": {}}  # fmt: skip
-        return ev.compare({**cfg, "repeats": len(stock)}, m)
+        return ev.compare({**cfg, "repeats": len(stock), **over}, m)
 
     res = verdict((0.96,))
     v = res["verdicts"][0]
@@ -444,6 +478,19 @@ def test_eviction_verdict_needs_the_same_sign_against_both_stock_engines():
     v = verdict((0.9, 1.8), (1.0, 2.0), (1.0, 2.0))["verdicts"][0]
     assert v["engine_ttft_ratio"] == pytest.approx([0.9] * 4)
     assert v["engine_ttft_ratio_mean"] == pytest.approx(0.9)
+    # the config's thresholds decide what is no effect: 4% and 2% are none within 5%
+    v = verdict((0.96,), ttft_ratio_eps=0.05)["verdicts"][0]
+    assert v["engine_ttft_sign_resolved"] and v["ttft_sign_agrees"]
+    # a control that caches one token more per request: its gain over stock, in points
+    prompt = sum(it.prompt_tokens for it in plan.items)
+    res = verdict(control_cached=1)
+    gain = 100 * len(plan.items) / prompt
+    assert res["noise_floor"]["engine_hit_gain_pts"] == pytest.approx([gain])
+    v = res["verdicts"][0]
+    assert v["engine_hit_gain_pts"] == pytest.approx([0.0, -gain])
+    assert not v["engine_hit_sign_resolved"]
+    v = verdict(control_cached=1, hit_gain_eps_pts=gain + 1)["verdicts"][0]
+    assert v["engine_hit_sign_resolved"] and v["hit_sign_agrees"]
 
 
 def test_eviction_verdict_reports_an_unresolved_engine_effect():
@@ -514,3 +561,18 @@ def test_quick_study_on_the_real_engine(tmp_path):
     assert all(math.isfinite(e["engine"]) and math.isfinite(e["simulated"]) for e in ttft)
     assert res["slo"]["engine_points"] and res["slo"]["simulated_points"]
     assert (tmp_path / "engine.log").exists()
+
+
+def test_eviction_verdict_reads_a_config_file_it_is_given(tmp_path):
+    from skv.experiments.fidelity import eviction_verdict as ev
+
+    own = tmp_path / "ev.yaml"
+    own.write_text(
+        "eviction_verdict:\n  requests_per_stage: 40\n  profile_repeats: 1\n"
+        "  ramp_requests: 20\n  policies: [saecache]\n  control: false\n"
+    )
+    res = ev.run_eviction_verdict(
+        own, engine_factory=lambda args, work, startup, env=None: SimulatedEngine(args, TRUTH)
+    )
+    assert res["config"]["requests_per_stage"] == 40 and res["config"]["control"] is False
+    assert [v["variant"] for v in res["variants"]] == ["stock", "saecache"]

@@ -336,3 +336,310 @@ def test_the_eviction_verdict_config_reads_its_file_its_quick_section_and_overri
     assert ev.load_config(own)["requests_per_stage"] == 33
     assert ev.load_config(own)["repeats"] == ev.DEFAULTS["repeats"]
     assert ev.load_config(own, quick=True)["repeats"] == 1
+
+
+# ---------------------------------------------------------------------------- fidelity under load
+
+
+def _load_result():
+    """A fidelity-under-load result by hand: two stages below saturation, one saturated (its
+    errors are not judged), three TTFT statistics each."""
+    errors = []
+    for stage, m_err, rep in (("poisson_0.2", 4.0, 0.0), ("poisson_0.6", 12.0, 10.0),
+                              ("poisson_1.2", 90.0, 30.0)):  # fmt: skip
+        for st, scale in (("mean", 1.0), ("p90", 2.0), ("p99", 3.0)):
+            errors.append({"stage": stage, "metric": "ttft", "stat": st,
+                           "mape_pct": m_err * scale, "engine_repeat_mape_pct": rep})  # fmt: skip
+        errors.append({"stage": stage, "metric": "tpot", "stat": "mean", "mape_pct": 99.0,
+                       "engine_repeat_mape_pct": 0.0})  # fmt: skip
+    stages = [
+        {"stage": "poisson_0.2", "saturated": False, "cached_equal_share": 0.99,
+         "cached_equal_share_engine_order": 1.0, "preemptions": 0},
+        {"stage": "poisson_0.6", "saturated": False, "cached_equal_share": 0.985,
+         "cached_equal_share_engine_order": 0.995, "preemptions": 2},
+        {"stage": "poisson_1.2", "saturated": True, "cached_equal_share": 0.975,
+         "cached_equal_share_engine_order": 0.99, "preemptions": 3},
+    ]  # fmt: skip
+    return {
+        "stages": stages,
+        "errors": errors,
+        "slo": {
+            "error_pct": -8.3,
+            "interpolated_error_pct": -6.1,
+            "engine_qps": 21.78,
+            "simulated_qps": 19.98,
+        },
+        "hit_rate_gap_pts_max": 0.84,
+        "capacity": {"qps": 17.7},
+        "speed": {"poisson_0.2": 1.09, "poisson_0.6": 1.31, "poisson_1.2": 1.23},
+    }
+
+
+def test_every_claim_value_of_fidelity_under_load_by_hand():
+    from skv.experiments.fidelity import load as fl
+
+    got = fl.claim_values(_load_result())
+    want = {
+        # below saturation only; allowance max(target, 1.5 x repeat)
+        "fidelity_load_ttft_mean_mape_max": 12.0,
+        "fidelity_load_ttft_mean_excess_pts": max(4.0 - 10.0, 12.0 - 15.0),
+        "fidelity_load_ttft_mean_repeat_max": 10.0,
+        "fidelity_load_ttft_p90_mape_max": 24.0,
+        "fidelity_load_ttft_p90_excess_pts": max(8.0 - 10.0, 24.0 - 15.0),
+        "fidelity_load_ttft_p90_repeat_max": 10.0,
+        "fidelity_load_ttft_p99_mape_max": 36.0,
+        "fidelity_load_ttft_p99_excess_pts": max(12.0 - 20.0, 36.0 - 20.0),
+        "fidelity_load_ttft_p99_repeat_max": 10.0,
+        "fidelity_load_qps_at_slo_error_pct": -8.3,
+        "fidelity_load_qps_at_slo_interpolated_error_pct": -6.1,
+        "fidelity_load_engine_qps_at_slo": 21.78,
+        "fidelity_load_simulated_qps_at_slo": 19.98,
+        "fidelity_load_cached_equal_share_min": 0.975,  # every stage, saturated too
+        "fidelity_load_cached_equal_engine_order_min": 0.99,
+        "fidelity_load_hit_rate_gap_pts_max": 0.84,
+        "fidelity_load_capacity_qps": 17.7,
+        "fidelity_load_preemptions": 5.0,
+        "fidelity_load_speed_factor_max": 1.31,
+        "fidelity_load_speed_factor_min": 1.09,
+    }
+    assert got == pytest.approx(want) and set(got) == set(want)
+
+
+@pytest.mark.parametrize(
+    ("points", "want"),
+    [
+        # the crossing between 4 (400 ms) and 6 (600 ms): 500 ms at 5
+        ([(2, 100.0), (4, 400.0), (6, 600.0), (8, 900.0)], 5.0),
+        # a rate exactly at the SLO meets it, and nothing above it failed: that rate
+        ([(2, 100.0), (4, 500.0)], 4.0),
+        # a point exactly at the SLO is the last pass, and the crossing is at it
+        ([(2, 100.0), (3, 500.0), (5, 700.0)], 3.0),
+        # a failing point below the highest pass (noise) is not the bracket's top
+        ([(2, 600.0), (4, 300.0), (8, 700.0)], 4.0 + 4.0 * (200.0 / 400.0)),
+        ([(2, 900.0)], 0.0),
+    ],
+)
+def test_the_slo_crossing_is_linear_between_the_last_pass_and_the_next_failure(points, want):
+    from skv.experiments.fidelity.load import slo_crossing
+
+    pts = [{"rate": float(r), "ttft_ms_p90": p} for r, p in points]
+    assert slo_crossing(pts, 500.0) == pytest.approx(want)
+
+
+def test_the_engine_slo_search_brackets_0_4_to_1_5_of_capacity_and_doubles_once():
+    from skv.experiments.fidelity.load import search_slo
+
+    seen = []
+
+    def measure(rate):
+        seen.append(rate)
+        return {"ttft_ms_p90": 0.0}  # always meets it: the bracket's top doubles once, then stops
+
+    res = search_slo(measure, {"slo_ttft_p90_ms": 500.0, "slo_rel_tol": 0.05}, 10.0)
+    assert seen == [4.0, 15.0, 30.0] and res["above_hi"] and res["qps_interpolated"] == 30.0
+    seen.clear()
+    cfg = {"slo_ttft_p90_ms": 500.0, "slo_rel_tol": 0.3}
+    res = search_slo(lambda r: (seen.append(r), {"ttft_ms_p90": 50.0 * r})[1], cfg, 10.0)
+    # 4 ok, 15 fails, 9.5 ok, 12.25 fails: 2.75 <= 0.3 x 12.25, so it stops there
+    assert seen == [4.0, 15.0, 9.5, 12.25] and res["qps"] == 9.5
+    assert res["qps_interpolated"] == pytest.approx(10.0)
+
+
+# ---------------------------------------------------------------------------- the CacheRoute table
+
+
+def _route_cfg(routers=("least_loaded", "sglang_cache_aware", "cacheroute"), seeds=(0, 1)):
+    from skv.experiments.cacheroute import study as S
+
+    return S.CacheRouteConfig.model_validate(
+        {
+            "id": "t",
+            "workloads": [{"name": "aggregate"}],
+            "routers": [{"name": r} for r in routers],
+            "seeds": list(seeds),
+        }
+    )
+
+
+def _qps(rows):
+    import pandas as pd
+
+    cols = ("router", "seed", "qps", "hit_rate", "ttft_ms_slo")
+    return pd.DataFrame(
+        [{"workload": "aggregate", **dict(zip(cols, r, strict=True))} for r in rows]
+    )
+
+
+QPS_ROWS = [
+    ("least_loaded", 0, 100.0, 0.50, 3000.0),
+    ("least_loaded", 1, 120.0, 0.60, 3100.0),
+    ("sglang_cache_aware", 0, 200.0, 0.80, 3300.0),
+    ("sglang_cache_aware", 1, 180.0, 0.70, 3200.0),
+    ("cacheroute", 0, 150.0, 0.75, 3400.0),
+    ("cacheroute", 1, 90.0, 0.72, 3350.0),
+]
+
+
+def test_the_cacheroute_summary_table_by_hand():
+    from skv.experiments.cacheroute import study as S
+
+    t = S.summary_table(_qps(QPS_ROWS), _route_cfg())
+    sd = 2**0.5 * 10.0  # the sample sd of two values 20 apart
+    want = [
+        {"workload": "aggregate", "router": "least_loaded", "kind": "cache-blind",
+         "qps_mean": 110.0, "qps_sd": sd, "vs_best_baseline": (100 / 200 + 120 / 180) / 2,
+         "hit_rate_pct_mean": 55.0, "hit_rate_pct_sd": 10 * sd / 20 * 1.0,
+         "slo_ttft_ms_at_qps": 3050.0, "best_baseline": "sglang_cache_aware", "seeds": 2},
+        {"workload": "aggregate", "router": "sglang_cache_aware", "kind": "cache-aware",
+         "qps_mean": 190.0, "qps_sd": sd, "vs_best_baseline": 1.0,
+         "hit_rate_pct_mean": 75.0, "hit_rate_pct_sd": 10 * sd / 20 * 1.0,
+         "slo_ttft_ms_at_qps": 3250.0, "best_baseline": "sglang_cache_aware", "seeds": 2},
+        {"workload": "aggregate", "router": "cacheroute", "kind": "candidate",
+         "qps_mean": 120.0, "qps_sd": 3 * sd, "vs_best_baseline": (150 / 200 + 90 / 180) / 2,
+         "hit_rate_pct_mean": 73.5, "hit_rate_pct_sd": 3 * sd / 20,
+         "slo_ttft_ms_at_qps": 3375.0, "best_baseline": "sglang_cache_aware", "seeds": 2},
+    ]  # fmt: skip
+    got = t.to_dict("records")
+    assert [set(r) for r in got] == [set(r) for r in want]
+    for g, w in zip(got, want, strict=True):
+        assert g == pytest.approx(w), g["router"]
+
+
+def test_the_summary_table_of_one_seed_has_no_spread_and_a_zero_reference_no_ratio():
+    from skv.experiments.cacheroute import study as S
+
+    one = S.summary_table(_qps([r for r in QPS_ROWS if r[1] == 0]), _route_cfg(seeds=(0,)))
+    assert one["qps_sd"].isna().all() and one["hit_rate_pct_sd"].isna().all()
+    zero = {("sglang_cache_aware", 0): 300.0, ("sglang_cache_aware", 1): 0.0}
+    rows = [(*r[:2], zero.get(r[:2], r[2]), *r[3:]) for r in QPS_ROWS]
+    t = S.summary_table(_qps(rows), _route_cfg()).set_index("router")
+    # seed 1's reference is 0: its ratio is no number, and the mean is over seed 0 alone
+    assert t.loc["cacheroute", "best_baseline"] == "sglang_cache_aware"
+    assert t.loc["cacheroute", "vs_best_baseline"] == pytest.approx(150 / 300)
+    alone = S.summary_table(_qps([r for r in QPS_ROWS if r[0] == "cacheroute"]),
+                            _route_cfg(routers=("cacheroute",)))  # fmt: skip
+    assert alone["best_baseline"].tolist() == [""] and alone["vs_best_baseline"].isna().all()
+
+
+def test_equal_baselines_are_ranked_by_name_whatever_their_order():
+    from skv.experiments.cacheroute import study as S
+
+    rows = [("least_loaded", 0, 100.0, 0.5, 1.0), ("consistent_hashing", 0, 100.0, 0.6, 1.0)]
+    cfg = _route_cfg(routers=("least_loaded", "consistent_hashing"), seeds=(0,))
+    assert S.best_baseline(_qps(rows), cfg, "aggregate") == "consistent_hashing"
+
+
+def test_cacheroute_claim_values_levels_by_bootstrap_and_ratios_only_over_a_positive_reference():
+    from skv.experiments.cacheroute import study as S
+    from skv.experiments.stats import interval
+
+    rows = [*QPS_ROWS, ("cacheroute", 2, 60.0, 0.7, 3300.0), ("least_loaded", 2, 0.5, 0.4, 1.0),
+            ("sglang_cache_aware", 2, 0.0, 0.5, 9e9)]  # fmt: skip
+    cfg = _route_cfg(seeds=(0, 1, 2))
+    v = S.claim_values(cfg, _qps(rows))
+    assert v["aggregate_cacheroute_qps"] == interval([150.0, 90.0, 60.0], method="bootstrap")
+    assert v["aggregate_least_loaded_hit_pct"] == interval([50.0, 60.0, 40.0], method="bootstrap")
+    # a reference of 0.5 req/s is a ratio; one of 0 is none
+    assert v["aggregate_cacheroute_vs_least_loaded"] == interval([1.5, 0.75, 120.0])
+    assert v["aggregate_cacheroute_vs_sglang_cache_aware"] == interval([0.75, 0.5])
+    assert v["aggregate_best_baseline"] == "sglang_cache_aware"
+    assert v["aggregate_best_cache_blind"] == "least_loaded"
+
+
+BASE_YAML = """id: t
+workloads:
+  - {name: aggregate, params: {keys: 50}}
+  - {name: dominant_key}
+routers: [{name: least_loaded}]
+seeds: [0, 1, 2]
+"""
+
+
+def test_a_quick_section_merges_workload_params_into_every_workload(tmp_path):
+    from skv.experiments.cacheroute import study as S
+
+    f = tmp_path / "c.yaml"
+    f.write_text(BASE_YAML + "quick:\n  seeds: [0]\n  workload_params: {key_zipf: 0.9}\n")
+    full, quick = S.load_config(f, quick=False), S.load_config(f, quick=True)
+    assert full.seeds == [0, 1, 2] and [w.params for w in full.workloads] == [{"keys": 50}, {}]
+    assert quick.seeds == [0]
+    assert [w.params for w in quick.workloads] == [
+        {"keys": 50, "key_zipf": 0.9},
+        {"key_zipf": 0.9},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("- a list\n", "expected a mapping at top level"),
+        (BASE_YAML + "quick: [1]\n", "quick: expected a mapping of overrides"),
+        (BASE_YAML + "quick: {quick: {seeds: [0]}}\n", "quick: expected a mapping of overrides"),
+        (BASE_YAML + "quick: {workload_params: [1]}\n", "quick.workload_params: expected"),
+        ("id: t\nworkloads: {a: 1}\nrouters: [{name: random}]\nseeds: [0]\n"
+         "quick: {workload_params: {keys: 3}}\n", "workloads and quick.workload_params"),
+        ("id: t\nworkloads: [{name: aggregate, params: [1]}]\nrouters: [{name: random}]\n"
+         "seeds: [0]\nquick: {workload_params: {keys: 3}}\n", "expected mappings"),
+    ],
+)  # fmt: skip
+def test_a_bad_cacheroute_config_is_named_with_its_file(tmp_path, text, match):
+    from skv.experiments.cacheroute import study as S
+    from skv.experiments.config import ConfigError
+
+    f = tmp_path / "bad.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=rf"^{f}: .*{match}"):
+        S.load_config(f, quick=True)
+
+
+def test_the_setting_values_the_paper_quotes_by_hand():
+    from skv.experiments.cacheroute import study as S
+
+    cfg = S.CacheRouteConfig.model_validate({
+        "id": "t", "seeds": [0, 1, 2], "slo_ms": 2500, "slo_percentile": 90, "warmup_s": 30,
+        "measured_requests": 500,
+        "cluster": {"replicas": 4, "gpu_memory_utilization": 0.5},
+        "workloads": [{"name": "aggregate", "params": {"keys": 50}},
+                      {"name": "dominant_key", "label": "dom", "params": {"dominant_share": 0.3}},
+                      {"name": "shifting_skew", "params": {"shift_every_s": 20}}],
+        "routers": [{"name": "least_loaded"},
+                    {"name": "cacheroute", "params": {"admit_rate": 0.02, "evict_rate": 0.01}}],
+    })  # fmt: skip
+    blocks = ClusterSpec(gpu_memory_utilization=0.5).kv_capacity_blocks(512)
+    assert blocks == 1_065
+    assert S.setting_values(cfg) == {
+        "replicas": 4, "model": "llama-3.3-70b-fp8", "gpu": "H100", "tp": 4, "gpus": 16,
+        "capacity_blocks": 1_065, "capacity_mtokens": 0.55, "block_tokens": 512,
+        "slo_s": 2.5, "slo_metric": "p90 TTFT", "warmup_s": 30.0, "measured_requests": 500,
+        "seeds": 3, "routers": 2,
+        "cacheroute_admit_rate": 0.02, "cacheroute_evict_rate": 0.01, "cacheroute_period_s": 10.0,
+        "aggregate_keys": 50, "aggregate_key_zipf": 1.1,
+        "dom_keys": 2000, "dom_key_zipf": 1.1, "dom_dominant_share": 0.3,
+        "shifting_skew_keys": 2000, "shifting_skew_key_zipf": 1.1,
+        "shifting_skew_shift_every_s": 20.0,
+    }  # fmt: skip
+    # without cacheroute among the routers there are no cacheroute settings to quote
+    blind = cfg.model_copy(update={"routers": cfg.routers[:1]})
+    assert not any(k.startswith("cacheroute_") for k in S.setting_values(blind))
+
+
+def test_a_qps_run_reports_the_metrics_at_its_answer_and_every_point_in_order():
+    from skv.experiments.cacheroute import study as S
+
+    cfg = S.CacheRouteConfig.model_validate({
+        "id": "tiny", "seeds": [0], "warmup_s": 5, "measured_requests": 200,
+        "cluster": {"replicas": 2, "capacity_blocks": 200},
+        "workloads": [{"name": "aggregate", "params": {"keys": 20}}],
+        "routers": [{"name": "least_loaded"}],
+        "search": {"lo": 2, "hi": 8, "rel_tol": 0.2, "max_doublings": 1},
+    })  # fmt: skip
+    qps, points = S.run_qps(cfg, jobs=1)
+    row = qps.iloc[0]
+    res = S.search(cfg, 0, 0, 0)
+    at = res["at"]
+    for k in ("ttft_ms_slo", "ttft_ms_p99", "ttft_ms_mean", "throughput_rps",
+              "max_replica_share", "hit_rate"):  # fmt: skip
+        assert row[k] == at[k], k
+    assert row["qps"] == res["qps"] and row["points"] == len(res["points"])
+    assert points["step"].tolist() == list(range(len(res["points"])))
+    assert points["rate"].tolist() == [p["rate"] for p in res["points"]]

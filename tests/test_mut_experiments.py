@@ -1,11 +1,13 @@
 """Tests that kill mutants of the study code the verdicts are made of (``./reproduce.sh mutate``,
 modules ``skv/experiments/...`` in pyproject.toml): the QPS-at-SLO search, one simulated cluster
-point, and the eviction verdict's signs. Each pins a rule whose breakage the study tests did not
+point, the CacheRoute table and claim values, the eviction verdict, and the fidelity-under-load
+claim values and SLO search. Each pins a rule whose breakage the study tests did not
 notice: an edge of the search's bracket, the SLO's inequality, a flag in a returned record."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from pathlib import Path
 
@@ -221,9 +223,10 @@ def _variant(name, ttft, hits, sim_ttft, sim_hit, equal, preemptions=None):
     return v
 
 
-#: four policies: one unresolved on the engine, one agreeing and faster, one agreeing and slower,
-#: one on both claim thresholds exactly (simulated ratio 1 - eps, simulated gain eps) with a
-#: resolved engine hit sign the simulator does not share; and a control engine
+#: five policies, their flags set by hand (claim_values reads them; verdict_row makes them): one
+#: unresolved on the engine, one agreeing and faster, one agreeing and slower, one on both claim
+#: thresholds exactly (simulated ratio 1 - eps, simulated gain eps) with a resolved engine hit
+#: sign the simulator does not share, one with no effect; and a control engine
 RESULT = {
     "config": {"ttft_ratio_eps": 0.02, "hit_gain_eps_pts": 0.2},
     "verdicts": [
@@ -643,3 +646,29 @@ def test_a_qps_run_reports_the_metrics_at_its_answer_and_every_point_in_order():
     assert row["qps"] == res["qps"] and row["points"] == len(res["points"])
     assert points["step"].tolist() == list(range(len(res["points"])))
     assert points["rate"].tolist() == [p["rate"] for p in res["points"]]
+
+
+def test_weights_that_fill_the_memory_exactly_leave_no_kv_memory():
+    # 80 GB x 0.8825 = 70.6 GB, the fp8 weights to the byte: a budget of exactly 0
+    with pytest.raises(ValueError, match="leave no KV memory"):
+        ClusterSpec(tp=1, gpu_memory_utilization=0.8825).kv_capacity_blocks(512)
+
+
+def test_the_unit_run_memo_keeps_the_last_four_and_still_serves_a_fifth():
+    from skv.experiments.cacheroute import study as S
+
+    S._UNIT_RUNS.clear()
+    for keys in (3, 4, 5, 6, 7):
+        run, times = S.unit_run("aggregate", json.dumps({"keys": keys}), 0, 20)
+        assert len(run.requests) == len(times) == 20
+    assert [json.loads(k[1])["keys"] for k in S._UNIT_RUNS] == [4, 5, 6, 7]
+    S._UNIT_RUNS.clear()
+
+
+def test_claim_values_of_a_config_without_cacheroute_compare_the_baselines_only():
+    from skv.experiments.cacheroute import study as S
+
+    rows = [r for r in QPS_ROWS if r[0] != "cacheroute"]
+    v = S.claim_values(_route_cfg(routers=("least_loaded", "sglang_cache_aware")), _qps(rows))
+    assert v["aggregate_sglang_cache_aware_vs_least_loaded"]["n"] == 2
+    assert not any(k.startswith("aggregate_cacheroute_vs") for k in v)

@@ -672,3 +672,52 @@ def test_claim_values_of_a_config_without_cacheroute_compare_the_baselines_only(
     v = S.claim_values(_route_cfg(routers=("least_loaded", "sglang_cache_aware")), _qps(rows))
     assert v["aggregate_sglang_cache_aware_vs_least_loaded"]["n"] == 2
     assert not any(k.startswith("aggregate_cacheroute_vs") for k in v)
+
+
+def test_load_claim_values_pair_cacheroute_with_every_router_after_it_too():
+    import pandas as pd
+
+    from skv.experiments.cacheroute import study as S
+
+    routers = ("least_loaded", "cacheroute", "sglang_cache_aware", "random")
+    cfg = S.CacheRouteConfig.model_validate({
+        "id": "t", "kind": "load", "rates": [10.0], "seeds": [0, 1],
+        "workloads": [{"name": "aggregate"}], "routers": [{"name": r} for r in routers],
+    })  # fmt: skip
+    p99 = {"least_loaded": 3000.0, "cacheroute": 2000.0, "sglang_cache_aware": 2500.0,
+           "random": 4000.0}  # fmt: skip
+    load = pd.DataFrame([
+        {"workload": "aggregate", "router": r, "seed": s, "rate": 10.0,
+         "ttft_ms_p99": p99[r] + 100.0 * s}
+        for r in routers for s in (0, 1)
+    ])  # fmt: skip
+    v = S.load_claim_values(cfg, load)
+    # the candidate itself is skipped, never the end of the list
+    assert sorted(v) == [f"aggregate_cacheroute_minus_{r}_p99_s_at_10" for r in
+                         ("least_loaded", "random", "sglang_cache_aware")]  # fmt: skip
+    assert v["aggregate_cacheroute_minus_random_p99_s_at_10"]["value"] == pytest.approx(-2.0)
+    blind = cfg.model_copy(update={"routers": [r for r in cfg.routers if r.name != "cacheroute"]})
+    assert S.load_claim_values(blind, load) == {}
+
+
+def test_a_cacheroute_search_doubles_its_bracket_as_often_as_its_config_says():
+    from skv.experiments.cacheroute import study as S
+
+    cfg = _route_cfg(routers=("least_loaded",), seeds=(0,))
+    cfg = cfg.model_copy(update={"search": S.SearchSpec(lo=1, hi=2, max_doublings=2)})
+    res = S.search(cfg, 0, 0, 0, point=lambda c, wi, ri, seed, rate: {"ttft_ms_slo": 0.0})
+    assert [p["rate"] for p in res["points"]] == [1.0, 2.0, 4.0, 8.0] and res["above_hi"]
+
+
+def test_a_point_routes_on_the_view_its_router_entry_names():
+    from skv.experiments.cacheroute import study as S
+
+    cfg = S.CacheRouteConfig.model_validate({
+        "id": "t", "seeds": [0], "warmup_s": 5, "measured_requests": 300,
+        "cluster": {"replicas": 3, "capacity_blocks": 40},
+        "workloads": [{"name": "aggregate", "params": {"keys": 60}}],
+        "routers": [{"name": "sglang_cache_aware", "view": "approximate"},
+                    {"name": "sglang_cache_aware", "label": "exact", "view": "exact"}],
+    })  # fmt: skip
+    approx, exact = (S.point_at(cfg, 0, ri, 0, 40.0) for ri in (0, 1))
+    assert approx != exact  # the two views route differently on this small, evicting cluster

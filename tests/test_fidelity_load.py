@@ -576,3 +576,67 @@ def test_eviction_verdict_reads_a_config_file_it_is_given(tmp_path):
     )
     assert res["config"]["requests_per_stage"] == 40 and res["config"]["control"] is False
     assert [v["variant"] for v in res["variants"]] == ["stock", "saecache"]
+
+
+def test_the_stage_summaries_errors_and_slo_follow_from_the_per_request_rows():
+    """With an engine slower than its frozen model (so engine and simulator differ), every
+    stage summary, every error row and the SLO comparison are what the per-request rows and
+    the two searches say, by their definitions."""
+    import pandas as pd
+
+    cfg = small_cfg(load_fractions=[0.4, 1.1], repeats=2)
+    res = fl.run_fidelity_load(cfg, engine_factory=_slow_after_profiling(simulated_factory(), 1.3))
+    pr = pd.DataFrame(res["per_request"])
+    by = {s["stage"]: s for s in res["stages"]}
+    assert set(by) == set(pr.stage)
+    for name, s in by.items():
+        rows = pr[pr.stage == name]
+        eng, sim = rows.engine_cached_tokens, rows.simulated_cached_tokens
+        assert s["requests"] == len(rows) == cfg["requests_per_stage"]
+        assert s["saturated"] == (s["load_fraction"] >= 1.0)
+        assert s["cached_equal_share"] == pytest.approx(float((eng == sim).mean()))
+        assert s["cached_abs_diff_tokens"] == int((eng - sim).abs().sum())
+        assert s["preemptions"] == 0 and s["engine_steps"] >= 0
+        assert s["speed_factor"] == res["speed"][f"{name}#0"]
+        assert s["speed_factor_repeat"] == res["speed"][f"{name}#1"]
+        assert s["duration_s"] > 0 and s["client_minus_vllm_ttft_ms"] == pytest.approx(
+            0.0, abs=0.01
+        )
+        for metric in fl.METRICS:
+            for st in fl.STATS:
+                e = fl.stat(rows[f"engine_{metric}_ms"].tolist(), st)
+                assert s[f"{metric}_{st}_engine"] == pytest.approx(e)
+                assert s[f"{metric}_{st}_simulated"] == pytest.approx(
+                    fl.stat(rows[f"simulated_{metric}_ms"].tolist(), st)
+                )
+    gap = max(100 * abs(s["engine_hit_rate"] - s["simulated_hit_rate"]) for s in by.values())
+    assert res["hit_rate_gap_pts_max"] == pytest.approx(gap)
+    assert len(res["errors"]) == len(by) * len(fl.METRICS) * len(fl.STATS)
+    for e in res["errors"]:
+        s = by[e["stage"]]
+        key = f"{e['metric']}_{e['stat']}"
+        assert (e["engine"], e["simulated"]) == (s[f"{key}_engine"], s[f"{key}_simulated"])
+        assert e["mpe_pct"] == pytest.approx(100 * (e["simulated"] - e["engine"]) / e["engine"])
+        assert e["mape_pct"] == pytest.approx(abs(e["mpe_pct"]))
+        for k in ("offered_qps", "load_fraction", "requests", "speed_factor"):
+            assert e[k] == s[k], k
+        if e["metric"] == "ttft":  # the repeat is the second pass against the first
+            rows = pr[pr.stage == e["stage"]]
+            rep = fl.stat(rows.engine_repeat_ttft_ms.tolist(), e["stat"])
+            assert e["engine_repeat_mape_pct"] == pytest.approx(
+                abs(100 * (rep - e["engine"]) / e["engine"])
+            )
+    slo = res["slo"]
+    assert slo["slo_ttft_p90_ms"] == cfg["slo_ttft_p90_ms"]
+    assert slo["error_pct"] == pytest.approx(
+        100 * (slo["simulated_qps"] - slo["engine_qps"]) / slo["engine_qps"]
+    )
+    assert slo["interpolated_error_pct"] == pytest.approx(
+        100
+        * (slo["simulated_qps_interpolated"] - slo["engine_qps_interpolated"])
+        / slo["engine_qps_interpolated"]
+    )
+    assert slo["engine_points"] and slo["simulated_points"]
+    assert isinstance(slo["engine_above_hi"], bool) and isinstance(slo["simulated_above_hi"], bool)
+    cal = res["calibration"]
+    assert cal["profile_steps"] > 0 and cal["profile_requests"] > 0 and cal["frontend_ms"] >= 0

@@ -264,6 +264,7 @@ def test_claim_values_judge_below_saturation_against_the_allowance():
         err("a", "mean", 12.0, 4.0), err("b", "mean", 20.0, 16.0), err("c", "mean", 90.0, 1.0),
         err("a", "p90", 9.0, 2.0), err("b", "p90", 11.0, 2.0), err("c", "p90", 90.0, 1.0),
         err("a", "p99", 25.0, 10.0), err("b", "p99", 18.0, 2.0), err("c", "p99", 90.0, 1.0),
+        {**err("a", "mean", 99.0, 0.0), "metric": "tpot"},  # not a TTFT row: not judged
     ]  # fmt: skip
     res = {"stages": stages, "errors": errors, "hit_rate_gap_pts_max": 0.5,
            "capacity": {"qps": 5.0}, "speed": {"x": 1.1, "y": 0.9},
@@ -279,6 +280,23 @@ def test_claim_values_judge_below_saturation_against_the_allowance():
     assert v["fidelity_load_cached_equal_share_min"] == 0.9
     assert v["fidelity_load_qps_at_slo_interpolated_error_pct"] == 2.0
     assert v["fidelity_load_preemptions"] == 2
+    # every value, by hand (p90: a 9 - 10, b 11 - 10; p99: b 18 - 20)
+    assert v == pytest.approx({
+        "fidelity_load_ttft_mean_mape_max": 20.0, "fidelity_load_ttft_mean_excess_pts": 2.0,
+        "fidelity_load_ttft_mean_repeat_max": 16.0,
+        "fidelity_load_ttft_p90_mape_max": 11.0, "fidelity_load_ttft_p90_excess_pts": 1.0,
+        "fidelity_load_ttft_p90_repeat_max": 2.0,
+        "fidelity_load_ttft_p99_mape_max": 25.0, "fidelity_load_ttft_p99_excess_pts": 5.0,
+        "fidelity_load_ttft_p99_repeat_max": 10.0,
+        "fidelity_load_qps_at_slo_error_pct": -4.0,
+        "fidelity_load_qps_at_slo_interpolated_error_pct": 2.0,
+        "fidelity_load_engine_qps_at_slo": 3.0, "fidelity_load_simulated_qps_at_slo": 2.9,
+        "fidelity_load_cached_equal_share_min": 0.9,
+        "fidelity_load_cached_equal_engine_order_min": 0.99,
+        "fidelity_load_hit_rate_gap_pts_max": 0.5, "fidelity_load_capacity_qps": 5.0,
+        "fidelity_load_preemptions": 2.0,
+        "fidelity_load_speed_factor_max": 1.1, "fidelity_load_speed_factor_min": 0.9,
+    })  # fmt: skip
 
 
 def test_slo_crossing_interpolates_between_the_bracketing_probes():

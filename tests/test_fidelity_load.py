@@ -338,6 +338,20 @@ def _slow_after_profiling(factory, factor):
     return make
 
 
+def test_a_stage_with_a_failed_request_is_an_error_naming_the_first():
+    from skv.vllm.engine_load import StageResult
+
+    ok = StageResult("s", [{"id": "a"}])
+    assert fl.checked(ok) is ok
+    bad = StageResult("s", [{"id": "a", "error": "boom"}, {"id": "b", "error": "late"}])
+    with pytest.raises(RuntimeError, match=r"^stage s: 2 request\(s\) failed: a: boom$"):
+        fl.checked(bad)
+
+
+def test_load_config_takes_keyword_overrides():
+    assert fl.load_config(CONFIG, quick=True, seed=5)["seed"] == 5
+
+
 def test_stats_and_errors():
     assert fl.stat([1.0, 2.0, None, 3.0], "mean") == 2.0
     assert fl.stat(list(range(101)), "p90") == pytest.approx(90.0)
@@ -755,6 +769,10 @@ def test_measure_engine_asks_the_engine_in_order_and_reports_each_phase(tmp_path
         assert sent[i - 1][0] == f"probe:slo{j}"
         assert len(sent[i][1]) == min(cfg["slo_requests"], n)
         assert all(r["id"].startswith(f"slo{j}:") for r in sent[i][1])
+        # the same seeded Poisson requests at every rate (the study's own salt), compressed
+        rate = m["engine_slo"]["points"][j]["rate"]
+        drawn = wl.arrival_times("poisson", rate, n, (int(cfg["seed"]), 0x510))
+        assert [r["arrival_s"] for r in sent[i][1]] == pytest.approx(drawn[: len(sent[i][1])])
     assert all(set(p) >= {"rate", "ttft_ms_p90", "ttft_ms_mean"} for p in m["engine_slo"]["points"])
     phases = ("startup_s", "profile_s", "ramp_s", "stages_s", "slo_s")
     assert set(m["timings"]) == {*phases, "engine_total_s"}

@@ -892,3 +892,11 @@ def test_run_fidelity_load_reads_a_config_file_keeps_its_measurement_and_says_wh
     skipped = fl.run_fidelity_load(cfg)
     assert skipped["skipped"] and "engine venv" in skipped["reason"]
     assert skipped["config"] == cfg
+
+
+def test_the_simulator_mirrors_a_block_size_other_than_its_default():
+    # 16-token blocks on both sides: every request's cached tokens still agree
+    cfg = small_cfg(block_size=16, load_fractions=[0.5], repeats=1)
+    res = fl.run_fidelity_load(cfg, engine_factory=simulated_factory())
+    assert res["engine_args"]["block_size"] == 16
+    assert all(s["cached_equal_share"] == 1.0 and s["engine_hit_rate"] > 0.2 for s in res["stages"])

@@ -78,7 +78,7 @@ prepare_models() {  # the real model the quality probe runs (fig_repurpose_quali
     say "SmolLM2-135M for the quality probe (skv vllm smollm2; once, then cached)"
     SKV_VLLM_VENV="$VENV" "$project_py" -c 'from skv.vllm import smollm2
 from skv.vllm.server import build_smollm2
-out = smollm2.default_cache() / "smollm2-float32"
+out = smollm2.default_model_dir()
 print(f"[setup_vllm] {out}:", "converted" if build_smollm2(out) else "already converted")' \
         || say "SmolLM2-135M not converted now (above); the quality probe tries again on first use"
 }

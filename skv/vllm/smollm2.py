@@ -69,6 +69,11 @@ def default_cache() -> Path:
     return Path(base) / "skv"
 
 
+def default_model_dir(dtype: str = "float32") -> Path:
+    """Where the quality probe keeps its conversion (``scripts/setup_vllm.sh`` makes it)."""
+    return default_cache() / f"smollm2-{dtype}"
+
+
 def sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -117,7 +117,7 @@ def run_quality(cfg: QualityConfig, model_dir: str | Path | None = None) -> dict
     if why:
         return {"skipped": True, "reason": why}
     py = find_engine_python()
-    model = Path(model_dir) if model_dir else smollm2.default_cache() / "smollm2-float32"
+    model = Path(model_dir) if model_dir else smollm2.default_model_dir()
     build_smollm2(model, py)
     with tempfile.TemporaryDirectory(prefix="skv-quality-") as tmp:
         out = Path(tmp) / "probe.json"

@@ -512,6 +512,9 @@ def test_a_quick_section_merges_workload_params_into_every_workload(tmp_path):
          "quick: {workload_params: {keys: 3}}\n", "workloads and quick.workload_params"),
         ("id: t\nworkloads: [{name: aggregate, params: [1]}]\nrouters: [{name: random}]\n"
          "seeds: [0]\nquick: {workload_params: {keys: 3}}\n", "expected mappings"),
+        (BASE_YAML + "quick: {routers_kept: least_loaded}\n", "routers_kept: expected a list"),
+        (BASE_YAML + "quick: {routers_kept: [random]}\n",
+         "routers_kept: no router 'random' \\(least_loaded\\)"),
     ],
 )  # fmt: skip
 def test_a_bad_cacheroute_config_is_named_with_its_file(tmp_path, text, match):
@@ -522,6 +525,22 @@ def test_a_bad_cacheroute_config_is_named_with_its_file(tmp_path, text, match):
     f.write_text(text)
     with pytest.raises(ConfigError, match=rf"^{f}: .*{match}"):
         S.load_config(f, quick=True)
+
+
+def test_quick_keeps_the_named_routers_as_the_config_defines_them(tmp_path):
+    from skv.experiments.cacheroute import study as S
+
+    f = tmp_path / "c.yaml"
+    f.write_text(
+        "id: t\nworkloads: [{name: aggregate}]\nseeds: [0]\nrouters:\n"
+        "  - {name: least_loaded}\n  - {name: random}\n"
+        "  - {name: cacheroute, label: cr, params: {prefix_blocks: 2}}\n"
+        "quick: {routers_kept: [cr, least_loaded]}\n"
+    )
+    quick, full = S.load_config(f, quick=True), S.load_config(f, quick=False)
+    assert [r.key for r in quick.routers] == ["least_loaded", "cr"]  # the config's order
+    assert quick.routers[1] == full.routers[2]
+    assert [r.key for r in full.routers] == ["least_loaded", "random", "cr"]
 
 
 def test_a_cacheroute_config_error_names_the_file_then_the_field(tmp_path):

@@ -165,7 +165,10 @@ def load_config(path: str | Path, *, quick: bool) -> CacheRouteConfig:
         raise ConfigError(f"{path}: quick: expected a mapping of overrides")
     if quick:
         params = over.pop("workload_params", None) or {}
+        kept = over.pop("routers_kept", None)
         data = {**data, **over}
+        if kept is not None:
+            data["routers"] = _routers_kept(path, data.get("routers"), kept)
         if params:
             workloads = data.get("workloads") or []
             ok = isinstance(params, dict) and isinstance(workloads, list)
@@ -183,6 +186,24 @@ def load_config(path: str | Path, *, quick: bool) -> CacheRouteConfig:
         raise ConfigError(f"{path}: {_flatten(exc, '')}") from None
     except ValueError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+
+
+def _routers_kept(path: str | Path, routers: Any, kept: Any) -> list[Any]:
+    """``quick.routers_kept``: the config's own router entries whose key (label, else name) is
+    listed, in the config's order, so a quick run never restates a router's parameters."""
+    from skv.experiments.config import ConfigError
+
+    ok = isinstance(kept, list) and all(isinstance(k, str) for k in kept)
+    ok = ok and isinstance(routers, list) and all(isinstance(r, dict) for r in routers)
+    if not ok:
+        raise ConfigError(f"{path}: quick.routers_kept: expected a list of router keys")
+    keys = [r.get("label") or r.get("name") for r in routers]
+    unknown = [k for k in kept if k not in keys]
+    if unknown:
+        raise ConfigError(
+            f"{path}: quick.routers_kept: no router {unknown[0]!r} ({', '.join(keys)})"
+        )
+    return [r for r, k in zip(routers, keys, strict=True) if k in kept]
 
 
 # ----------------------------------------------------------------------------------------

@@ -488,13 +488,18 @@ def claim_values(lb: Leaderboard, config: LeaderboardConfig) -> dict[str, Any]:
     policy at 5-10% (``T_best_policy``) and its gap share (``T_best_gap_share``: over seeds for
     workloads), the LRU -> Belady gap there (``T_gap_pts``), the best semantic policy minus the
     best other one (``T_semantic_minus_other_pts``, in points of gap share, paired over seeds),
-    and the mean gain of tuning over defaults. A trace left out (not found) gets its name and
-    gap as text saying so, which the paper prints; its claims are skipped (``needs_traces``)."""
+    the mean gain of tuning over defaults, and the capacities run. A trace left out (not
+    found) gets its name and gap as text saying so, which the paper prints; its claims are
+    skipped (``needs_traces``)."""
     from skv.experiments.stats import interval
 
     caps = [c for c in GOAL_CAPACITIES if c in config.capacities] or list(config.capacities)
     online = config.policy_names
-    out: dict[str, Any] = {"policies": len(online), "traces": lb.runs["trace"].nunique()}
+    out: dict[str, Any] = {
+        "policies": len(online),
+        "traces": lb.runs["trace"].nunique(),
+        "capacities": " and ".join(config.capacities),  # the paper names them
+    }
     for trace in lb.missing:
         out[f"{trace}_best_policy"] = out[f"{trace}_gap_pts"] = "not run (trace not found)"
     for trace in dict.fromkeys(lb.runs["trace"]):

@@ -874,6 +874,90 @@ def test_engine_order_hits_allocate_a_decode_block_when_its_first_token_is_writt
     assert _pool_scenario(1.11, a_prompt=8) == [0, 0, 0, 0]
 
 
+def _order_item(rid: str, prompt: int, out: int, hashes: list[int]):
+    from types import SimpleNamespace as NS
+
+    req = NS(request_id=rid, session_id=None, turn=None)
+    return NS(request=req, prompt_tokens=prompt, max_tokens=out, hash_ids=hashes)
+
+
+def _order_row(prompt: int, scheduled: float, first: float, times: list[float]) -> dict:
+    """An engine row: ``first`` is the first token's engine time, ``times`` the tokens' receipt
+    at the frontend (their lag moves them onto the engine's clock)."""
+    last = first + (times[-1] - times[0])
+    return {"prompt_tokens": prompt, "scheduled_engine": scheduled, "first_token": first,
+            "token_times": times, "last_token": last}  # fmt: skip
+
+
+def test_engine_order_hits_take_a_decode_slot_before_a_release_of_the_same_engine_time():
+    # A (one prompt block) opens its decode block at engine time 1.5, the moment B frees its two
+    # blocks; the pool (3 usable blocks) has no other. vLLM updates a step's outputs (the decode
+    # slot finds no free block: the answer is computed, not cached) before the next schedule()
+    # frees B, so B's blocks stay cached for C (admitted before A ends at 5.0). Freeing first
+    # would hand one of them to A.
+    items = [_order_item("A", 4, 2, [1]), _order_item("B", 8, 1, [70, 71]),
+             _order_item("C", 9, 1, [70, 71, 72])]  # fmt: skip
+    rows = [_order_row(4, 1.0, 1.5, [1.5, 5.0]), _order_row(8, 0.2, 1.5, [1.5]),
+            _order_row(9, 3.0, 3.1, [3.1])]  # fmt: skip
+    assert rows[0]["token_times"][0] - 0.0 == rows[1]["last_token"] == 1.5  # an exact tie
+    assert fl.engine_order_hits(items, rows, {"block_size": 4, "num_gpu_blocks": 4}) == [0, 0, 8]
+
+
+def test_engine_order_hits_grow_an_answer_one_decode_block_at_a_time():
+    # A's answer (9 tokens after a one-block prompt) opens decode blocks after its 1st and 5th
+    # tokens (engine times 1.0 and 1.4). The first takes the pool's one empty block, the second
+    # evicts Z's cached block 50. C asks for 50 in between and hits it; an answer grown whole at
+    # its first decode slot would have evicted 50 already.
+    items = [_order_item("Z", 4, 1, [50]), _order_item("A", 4, 9, [1]),
+             _order_item("C", 5, 1, [50, 51])]  # fmt: skip
+    a_times = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8]
+    rows = [_order_row(4, 0.0, 0.1, [0.1]), _order_row(4, 0.5, 1.0, a_times),
+            _order_row(5, 1.2, 1.25, [1.25])]  # fmt: skip
+    cfg = {"block_size": 4, "num_gpu_blocks": 4}
+    assert fl.engine_order_hits(items, rows, cfg) == [0, 0, 4]
+    rows[2] = _order_row(5, 1.45, 1.5, [1.5])  # after the second decode block: 50 is gone
+    assert fl.engine_order_hits(items, rows, cfg) == [0, 0, 0]
+
+
+def test_engine_order_hits_skip_a_decode_slot_timed_before_its_request_was_admitted():
+    # X's frontend clock runs 1.5 s ahead: its first decode slot (and its release) land on the
+    # engine's clock before X was scheduled. Such events are skipped one by one; the requests
+    # after them still replay, and C finds Z's block.
+    items = [_order_item("Z", 4, 1, [50]), _order_item("X", 4, 3, [60]),
+             _order_item("C", 5, 1, [50, 51])]  # fmt: skip
+    rows = [_order_row(4, 0.0, 0.1, [0.1]), _order_row(4, 1.0, 0.5, [2.0, 2.1, 2.2]),
+            _order_row(5, 3.0, 3.1, [3.1])]  # fmt: skip
+    assert fl.engine_order_hits(items, rows, {"block_size": 4, "num_gpu_blocks": 8}) == [0, 0, 4]
+
+
+def test_the_simulator_mirrors_a_batch_limit_the_load_reaches():
+    # two sequences at a time at 1.2x capacity: requests queue for a batch slot in the engine,
+    # and the simulator (max_running = max_num_seqs) queues them alike
+    cfg = small_cfg(max_num_seqs=2, load_fractions=[1.2], repeats=1, requests_per_stage=150,
+                    slo_requests=150)  # fmt: skip
+    res = fl.run_fidelity_load(cfg, engine_factory=simulated_factory())
+    assert res["engine_args"]["max_num_seqs"] == 2
+    ttft = [e for e in res["errors"] if e["metric"] == "ttft"]
+    assert ttft and all(e["mape_pct"] < 3.0 for e in ttft), ttft
+
+
+def test_the_simulated_slo_search_sends_as_many_requests_as_the_engine_s(monkeypatch):
+    sizes: list[int] = []
+    real = fl.simulate_stage
+
+    def spy(items, arrivals, *args, **kw):
+        assert len(arrivals) == len(items)
+        sizes.append(len(items))
+        return real(items, arrivals, *args, **kw)
+
+    monkeypatch.setattr(fl, "simulate_stage", spy)
+    cfg = small_cfg(load_fractions=[0.5], repeats=1, requests_per_stage=50, slo_requests=30)
+    res = fl.run_fidelity_load(cfg, engine_factory=simulated_factory())
+    assert res["slo"]["simulated_points"]
+    # the stages replay all 50 requests; every SLO probe the engine's first 30
+    assert set(sizes) == {50, 30} and sizes.count(30) == len(res["slo"]["simulated_points"])
+
+
 def test_run_fidelity_load_reads_a_config_file_keeps_its_measurement_and_says_why_it_skips(
     tmp_path, monkeypatch
 ):

@@ -829,6 +829,21 @@ def test_compare_reads_preemptions_lateness_steps_and_the_engine_s_hit_rate_from
     assert all(s["send_late_ms_max"] == 0.0 for s in fl.compare(cfg, m)["stages"])
 
 
+def _order_item(rid: str, prompt: int, out: int, hashes: list[int]):
+    from types import SimpleNamespace as NS
+
+    req = NS(request_id=rid, session_id=None, turn=None)
+    return NS(request=req, prompt_tokens=prompt, max_tokens=out, hash_ids=hashes)
+
+
+def _order_row(prompt: int, scheduled: float, first: float, times: list[float]) -> dict:
+    """An engine row: ``first`` is the first token's engine time, ``times`` the tokens' receipt
+    at the frontend (their lag moves them onto the engine's clock)."""
+    last = first + (times[-1] - times[0])
+    return {"prompt_tokens": prompt, "scheduled_engine": scheduled, "first_token": first,
+            "token_times": times, "last_token": last}  # fmt: skip
+
+
 def _pool_scenario(c_at: float, blocks: int = 6, a_prompt: int = 5) -> list[int]:
     """Four requests on a pool of ``blocks`` blocks of 4 tokens (one is vLLM's null block): Z
     leaves block 50 cached, F holds two blocks until engine time 1.42, A (prompt 5 tokens, 8
@@ -837,17 +852,7 @@ def _pool_scenario(c_at: float, blocks: int = 6, a_prompt: int = 5) -> list[int]
     frontend's clock runs 0.1 s ahead of the engine's, so A's 4th token, received at 1.65,
     allocates at engine time 1.55. With ``a_prompt`` 8 (two full blocks) the first answer
     token's KV (position 8) opens it: received at 1.2, engine time 1.1."""
-    from types import SimpleNamespace as NS
-
-    def item(rid, prompt, out, hashes):
-        req = NS(request_id=rid, session_id=None, turn=None)
-        return NS(request=req, prompt_tokens=prompt, max_tokens=out, hash_ids=hashes)
-
-    def row(prompt, scheduled, first, times):
-        last = first + (times[-1] - times[0])
-        return {"prompt_tokens": prompt, "scheduled_engine": scheduled, "first_token": first,
-                "token_times": times, "last_token": last}  # fmt: skip
-
+    item, row = _order_item, _order_row
     items = [item("Z", 4, 1, [50]), item("F", 8, 1, [60, 61]), item("A", a_prompt, 8, [1, 2]),
              item("C", 5, 1, [50, 51])]  # fmt: skip
     rows = [row(4, 0.0, 0.05, [0.15]), row(8, 0.2, 1.42, [1.52]),
@@ -872,21 +877,6 @@ def test_engine_order_hits_allocate_a_decode_block_when_its_first_token_is_writt
     # a prompt of whole blocks: the first answer token opens the decode block
     assert _pool_scenario(1.09, a_prompt=8) == [0, 0, 0, 4]
     assert _pool_scenario(1.11, a_prompt=8) == [0, 0, 0, 0]
-
-
-def _order_item(rid: str, prompt: int, out: int, hashes: list[int]):
-    from types import SimpleNamespace as NS
-
-    req = NS(request_id=rid, session_id=None, turn=None)
-    return NS(request=req, prompt_tokens=prompt, max_tokens=out, hash_ids=hashes)
-
-
-def _order_row(prompt: int, scheduled: float, first: float, times: list[float]) -> dict:
-    """An engine row: ``first`` is the first token's engine time, ``times`` the tokens' receipt
-    at the frontend (their lag moves them onto the engine's clock)."""
-    last = first + (times[-1] - times[0])
-    return {"prompt_tokens": prompt, "scheduled_engine": scheduled, "first_token": first,
-            "token_times": times, "last_token": last}  # fmt: skip
 
 
 def test_engine_order_hits_take_a_decode_slot_before_a_release_of_the_same_engine_time():
